@@ -1,0 +1,38 @@
+"""Attention over a committed prefix plus n new positions: the PyTorch reference.
+
+Every pass of the model goes through `attention`: training and prefill (no prefix), single-token
+decode (n = 1) and speculative verification (n candidates under a tree mask). The prefix is always
+fully visible; only the n x n block among the new positions is masked.
+
+          keys:  prefix (P)        new (n)
+    queries  +-----------------+-----------+
+    new (n)  |   all visible   |   mask    |
+             +-----------------+-----------+
+"""
+import torch
+import torch.nn.functional as F
+
+
+def attention(q, k, v, mask=None):
+    """Scaled dot-product attention of n new queries over P prefix + n new keys.
+
+    q: (B, H, n, D); k, v: (B, H, P+n, D), the cached prefix followed by the n new positions.
+    mask: None for causal among the new positions, or a bool (n, n) tensor, True = may attend.
+    Each row of the mask must allow at least one key when P == 0 (tree masks always allow the diagonal).
+    Returns (B, H, n, D).
+    """
+    n, total = q.size(-2), k.size(-2)
+    prefix = total - n
+    if prefix < 0 or v.shape != k.shape or q.shape[:2] != k.shape[:2] or q.size(-1) != k.size(-1):
+        raise ValueError(f"attention: q {tuple(q.shape)} does not fit k {tuple(k.shape)} / v {tuple(v.shape)}")
+    if mask is None:
+        if n == 1:  # a lone query sees everything: no mask at all
+            return F.scaled_dot_product_attention(q, k, v)
+        if prefix == 0:  # lets PyTorch take its fused causal path
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    if mask.shape != (n, n) or mask.dtype != torch.bool:
+        raise ValueError(f"attention: mask must be a bool ({n}, {n}) tensor, got {mask.dtype} {tuple(mask.shape)}")
+    full = torch.ones(n, total, dtype=torch.bool, device=q.device)  # (n, P+n)
+    full[:, prefix:] = mask
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=full)

@@ -1,0 +1,56 @@
+"""Checkpoints: written atomically, read back with weights_only=True.
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so that loading it
+never unpickles code. A crash halfway through a save leaves the previous file untouched: the new
+one is written beside it and renamed over it only once complete.
+"""
+import os
+import pickle
+import zipfile
+from dataclasses import asdict
+
+import torch
+
+from errors import UserError
+from model.gpt import GPT, GPTConfig
+from model.tokenizer import Tokenizer
+
+FORMAT = "specgpt-1"
+
+
+def save_checkpoint(path, model, tokenizer, kind="target", **extra):
+    """Write model weights, config and tokenizer (and whatever `extra` holds, e.g. optimizer
+    state and iteration) to `path` atomically."""
+    state = dict(format=FORMAT, kind=kind, config=asdict(model.config), tokenizer=tokenizer.spec,
+                 model=model.state_dict(), **extra)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, kind="target"):
+    """The raw checkpoint dict at `path`, checked to be a SpecGPT checkpoint of `kind`."""
+    if not os.path.exists(path):
+        raise UserError(f"no checkpoint at {path}: run python train.py first")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
+        raise UserError(f"{path} is not a SpecGPT checkpoint ({type(e).__name__})") from e
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UserError(f"{path} is not a SpecGPT checkpoint of format {FORMAT}")
+    if state.get("kind") != kind:
+        raise UserError(f"{path} holds a {state.get('kind')} model, expected a {kind} model")
+    return state
+
+
+def load_model(path, kind="target", device="cpu", dtype=torch.float32):
+    """(model in eval mode, tokenizer, raw checkpoint dict) from a checkpoint file."""
+    state = load_checkpoint(path, kind)
+    model = GPT(GPTConfig(**state["config"]))
+    model.load_state_dict(state["model"])
+    model.to(device=device, dtype=dtype).eval()
+    return model, Tokenizer(state["tokenizer"]), state

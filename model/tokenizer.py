@@ -1,0 +1,181 @@
+"""
+Tokenizers on tiktoken: a byte-level BPE trained on the user's own text (the default, works
+offline) or tiktoken's stock GPT-2 encoding. A tokenizer is described by a small primitive
+`spec` dict so that it can travel inside a checkpoint loaded with weights_only=True.
+"""
+
+import codecs
+import heapq
+from collections import Counter, defaultdict
+
+import regex
+import tiktoken
+
+from errors import UserError
+
+# tiktoken's GPT-2 (r50k) pre-split pattern, copied out of tiktoken_ext.openai_public.r50k_pat_str
+# because that module is an internal of tiktoken's plugin mechanism, not a stable API.
+GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+
+
+def _pairs(word):
+    return zip(word, word[1:])
+
+
+def _merge_word(word, pair, new_id):
+    """Replaces every occurrence of `pair` in `word`, left to right, by `new_id`."""
+    out, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and word[i] == pair[0] and word[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
+
+
+def train_bpe(text, vocab_size):
+    """
+    Byte-level BPE merges learned on `text`. Ids 0..255 are the single bytes; merge i creates
+    token 256 + i from the pair (left_id, right_id). Merges never cross the boundaries of the
+    GPT-2 pre-split chunks, exactly as tiktoken will apply them. Ties between equally frequent
+    pairs go to the lowest pair, so training is deterministic. Stops early when no pair occurs
+    at least twice.
+    """
+    chunks = Counter(regex.findall(GPT2_SPLIT_PATTERN, text))
+    words = [list(chunk.encode("utf-8")) for chunk in chunks]
+    freqs = list(chunks.values())
+
+    # counts[pair] = occurrences weighted by chunk frequency; where[pair] = chunks that may hold it
+    # (a superset: stale entries are cheap to skip, and keeping it exact would cost more)
+    counts = defaultdict(int)
+    where = defaultdict(set)
+    for w, (word, freq) in enumerate(zip(words, freqs)):
+        for pair in _pairs(word):
+            counts[pair] += freq
+            where[pair].add(w)
+    # max-heap of (-count, pair) with lazy deletion: an entry is live only if its count is current
+    heap = [(-c, pair) for pair, c in counts.items()]
+    heapq.heapify(heap)
+
+    merges = []
+    while len(merges) < vocab_size - 256 and heap:
+        neg, pair = heapq.heappop(heap)
+        if counts.get(pair, 0) != -neg:
+            continue
+        if -neg < 2:
+            break
+        new_id = 256 + len(merges)
+        merges.append(pair)
+        changed = set()
+        for w in where.pop(pair):
+            word, freq = words[w], freqs[w]
+            new_word = _merge_word(word, pair, new_id)
+            if len(new_word) == len(word):  # a stale entry of `where`
+                continue
+            for p in _pairs(word):
+                counts[p] -= freq
+                changed.add(p)
+            for p in _pairs(new_word):
+                counts[p] += freq
+                changed.add(p)
+                where[p].add(w)
+            words[w] = new_word
+        for p in changed:
+            if counts[p] > 0:
+                heapq.heappush(heap, (-counts[p], p))
+            else:
+                del counts[p]
+    return merges
+
+
+def _bpe_ranks(merges):
+    """mergeable_ranks for tiktoken from a list of merges, checking that the list is well formed."""
+    if not isinstance(merges, (list, tuple)):
+        raise UserError("tokenizer spec is not valid: 'merges' must be a list of [left, right] pairs")
+    vocab = [bytes([b]) for b in range(256)]
+    for i, merge in enumerate(merges):
+        new_id = 256 + i
+        if (not isinstance(merge, (list, tuple)) or len(merge) != 2
+                or not all(type(t) is int and 0 <= t < new_id for t in merge)):
+            raise UserError(f"tokenizer spec is not valid: merge {i} ({merge!r}) must be a pair of "
+                            f"token ids below {new_id}")
+        vocab.append(vocab[merge[0]] + vocab[merge[1]])
+    ranks = {token: rank for rank, token in enumerate(vocab)}
+    # tiktoken keys tokens by their bytes, so two ids with the same bytes would silently collapse
+    if len(ranks) != len(vocab):
+        raise UserError("tokenizer spec is not valid: two merges produce the same bytes")
+    return ranks
+
+
+class Tokenizer:
+
+    def __init__(self, spec):
+        kind = spec.get("kind") if isinstance(spec, dict) else None
+        if kind == "bpe":
+            merges = spec.get("merges")
+            ranks = _bpe_ranks(merges)
+            self.name = f"bpe-{len(ranks)}"
+            self.spec = {"kind": "bpe", "merges": [[a, b] for a, b in merges]}
+            self.encoding = tiktoken.Encoding(name=self.name, pat_str=GPT2_SPLIT_PATTERN,
+                                              mergeable_ranks=ranks, special_tokens={})
+        elif kind == "gpt2":
+            try:
+                self.encoding = tiktoken.get_encoding("gpt2")
+            except Exception as e:  # the download can fail in many ways (DNS, proxy, SSL, HTTP)
+                raise UserError(
+                    f"the GPT-2 vocabulary could not be downloaded or found in tiktoken's cache "
+                    f"(set TIKTOKEN_CACHE_DIR to a folder holding it) ({type(e).__name__}: {e}); "
+                    f"use the default trained BPE tokenizer instead") from e
+            self.name = "gpt2"
+            self.spec = {"kind": "gpt2"}
+        else:
+            shown = repr(kind) if isinstance(spec, dict) else f"of type {type(spec).__name__}"
+            raise UserError(f"tokenizer spec is not valid: unknown kind {shown} "
+                            f"(expected 'bpe' or 'gpt2')")
+        self.vocab_size = self.encoding.n_vocab
+
+    @classmethod
+    def train(cls, text, vocab_size):
+        """A byte-level BPE tokenizer with (at most) `vocab_size` tokens, learned on `text`."""
+        if vocab_size < 256:
+            raise UserError(f"tokenizer vocab size must be at least 256 (one token per byte), "
+                            f"got {vocab_size}")
+        return cls({"kind": "bpe", "merges": [list(m) for m in train_bpe(text, vocab_size)]})
+
+    def encode(self, text):
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids):
+        """ids may be any iterable of ints, e.g. a list or a 1-D tensor."""
+        return self.encoding.decode([int(i) for i in ids], errors="replace")
+
+    def token_bytes(self, token_id):
+        return self.encoding.decode_single_token_bytes(int(token_id))
+
+    def stream_decoder(self):
+        return StreamDecoder(self)
+
+    def __repr__(self):
+        return f"Tokenizer({self.name})"
+
+
+class StreamDecoder:
+    """
+    Turns token ids into text as they arrive without ever emitting half a multi-byte UTF-8
+    character: a token may end in the middle of one, so its bytes are held back until the
+    character is complete.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id):
+        """The text that became complete with this token (often "", sometimes several chars)."""
+        return self._utf8.decode(self.tokenizer.token_bytes(token_id))
+
+    def flush(self):
+        """Whatever is left; a dangling partial character becomes U+FFFD."""
+        return self._utf8.decode(b"", final=True)

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny models (nanochat-style CPU tests) and a tiny trained checkpoint."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.gpt import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+def tiny_model(seed=0, dtype=torch.float64, **overrides):
+    """A randomly initialised tiny GPT in eval mode; float64 so that batched and step-by-step passes
+    agree to ~1e-12 and an argmax never flips between them."""
+    torch.manual_seed(seed)
+    config = GPTConfig(**{**dict(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32), **overrides})
+    model = GPT(config).to(dtype).eval()
+    # random init gives near-uniform logits; larger weights make the tests' argmaxes and masks matter
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+def run_cli(*args, timeout=120):
+    """Run one of the command-line tools; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """The out-dir of a 30-iteration tiny training run on tiny Shakespeare."""
+    import train
+    out = tmp_path_factory.mktemp("tiny_ckpt")
+    train.main(["--data", str(SHAKESPEARE), "--preset", "tiny", "--max-iters", "30", "--vocab-size", "300",
+                "--out-dir", str(out), "--eval-interval", "15", "--eval-iters", "2", "--log-interval", "10"])
+    return out

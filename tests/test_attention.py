@@ -1,0 +1,44 @@
+"""kernels.attention against a from-the-definition softmax(QK^T / sqrt(d)) V."""
+import math
+
+import pytest
+import torch
+
+from kernels import attention
+
+
+def naive_attention(q, k, v, mask):
+    prefix = k.size(-2) - q.size(-2)
+    full = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool)
+    full[:, prefix:] = mask
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+    return torch.softmax(scores.masked_fill(~full, float("-inf")), dim=-1) @ v
+
+
+@pytest.mark.parametrize("n,prefix", [(1, 0), (1, 9), (5, 0), (5, 7), (16, 3)])
+def test_matches_definition(n, prefix):
+    gen = torch.Generator().manual_seed(n * 100 + prefix)
+    q = torch.randn(2, 3, n, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 3, prefix + n, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 3, prefix + n, 8, generator=gen, dtype=torch.float64)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    torch.testing.assert_close(attention(q, k, v), naive_attention(q, k, v, causal))
+    tree = torch.rand(n, n, generator=gen) < 0.5
+    tree.fill_diagonal_(True)
+    torch.testing.assert_close(attention(q, k, v, tree), naive_attention(q, k, v, tree))
+
+
+def test_strided_cache_views_are_fine():
+    cache_k = torch.randn(1, 2, 40, 8, dtype=torch.float64)  # a cache slot bigger than what is in use
+    cache_v = torch.randn(1, 2, 40, 8, dtype=torch.float64)
+    q = torch.randn(1, 2, 3, 8, dtype=torch.float64)
+    k, v = cache_k[:, :, :10], cache_v[:, :, :10]
+    torch.testing.assert_close(attention(q, k, v), attention(q, k.contiguous(), v.contiguous()))
+
+
+def test_bad_shapes_are_refused():
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError):
+        attention(q, torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8))  # fewer keys than queries
+    with pytest.raises(ValueError):
+        attention(q, torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.ones(2, 2, dtype=torch.bool))

@@ -1,0 +1,91 @@
+"""The command-line tools: they work, and bad input gets one clear line and a non-zero exit."""
+import json
+
+import pytest
+import torch
+
+from tests.conftest import SHAKESPEARE, run_cli
+
+
+def assert_one_line_error(result, *words):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_generate_streams_and_reports(tiny_checkpoint):
+    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--prompt", "ROMEO:", "--max-new-tokens", "20")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ROMEO:")
+    assert "20 new tokens" in r.stderr and "tokens/s" in r.stderr
+
+
+def test_generate_json_past_the_context_window(tiny_checkpoint):
+    # the tiny preset's context is 64 tokens; 150 new tokens need re-prefills
+    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--prompt", "", "--max-new-tokens", "150",
+                "--temperature", "0", "--dtype", "float64", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["new_tokens"] == 150 and out["tau"] == 1.0 and out["alpha"] is None and out["spec"] == "none"
+    assert out["prompt"] == "\n" and isinstance(out["text"], str)
+
+
+def test_bench_table_and_profile(tiny_checkpoint):
+    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--num-prompts", "2", "--max-new-tokens", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert rows[0]["method"] == "none" and rows[0]["speedup"] == 1.0 and rows[0]["tau"] == 1.0
+    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--profile", "--json")
+    assert r.returncode == 0, r.stderr
+    curves = json.loads(r.stdout)["profile"]
+    assert curves and all(len(c["r"]) > 32 and c["r"][0] == 1.0 for c in curves.values())
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--prompt", "x" * 2000], ["longer than the model's context"]),
+    (["--max-new-tokens", "-5"], ["--max-new-tokens"]),
+    (["--max-new-tokens", "10000000"], ["--max-new-tokens"]),
+    (["--top-p", "0"], ["--top-p"]),
+    (["--top-p", "1.5"], ["--top-p"]),
+    (["--temperature", "-1"], ["--temperature"]),
+    (["--top-k", "0"], ["--top-k"]),
+    (["--spec", "nonsense"], ["--spec", "none"]),
+    (["--device", "cuda"], ["CUDA"]),
+    (["--prompt-file", "/no/such/file"], ["does not exist"]),
+])
+def test_generate_bad_input(tiny_checkpoint, args, words):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tiny_checkpoint, *args), *words)
+
+
+def test_generate_without_or_with_a_foreign_checkpoint(tmp_path):
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "run python train.py first")
+    (tmp_path / "target.pt").write_bytes(b"not a checkpoint")
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "not a SpecGPT checkpoint")
+    torch.save({"state_dict": {}}, tmp_path / "target.pt")
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "not a SpecGPT checkpoint")
+
+
+def test_non_utf8_prompt_file(tiny_checkpoint, tmp_path):
+    (tmp_path / "prompt.txt").write_bytes(b"\xff\xfe caf\xe9")
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tiny_checkpoint, "--prompt-file",
+                                  tmp_path / "prompt.txt"), "not UTF-8")
+
+
+def test_train_bad_input(tmp_path):
+    def train(*args):
+        return run_cli("train.py", "--out-dir", tmp_path / "out", "--max-iters", "1", *args)
+
+    assert_one_line_error(train("--data", tmp_path / "missing.txt"), "does not exist")
+    (tmp_path / "latin1.txt").write_bytes("Roméo".encode("latin-1") * 100)
+    assert_one_line_error(train("--data", tmp_path / "latin1.txt"), "not UTF-8")
+    (tmp_path / "short.txt").write_text("To be or not to be.")
+    assert_one_line_error(train("--data", tmp_path / "short.txt", "--vocab-size", "256"), "too short")
+    assert_one_line_error(train("--data", SHAKESPEARE, "--preset", "huge"), "unknown preset", "tiny")
+    if not torch.cuda.is_available():
+        assert_one_line_error(train("--data", SHAKESPEARE, "--device", "cuda"), "CUDA")
+    assert not (tmp_path / "out" / "target.pt").exists()
