@@ -2,6 +2,7 @@
 
     python generate.py --prompt "ROMEO:" --max-new-tokens 300
     python generate.py --prompt "ROMEO:" --temperature 0 --dtype float64 --json
+    python generate.py --spec draft --k 4 --compare --show
 
 An empty prompt starts from a newline, the way a play's text starts a new line.
 """
@@ -12,13 +13,15 @@ import sys
 import torch
 
 import cli
-from decode import METHODS
+from decode import SPEC_METHODS, DraftModel, Plain, generate
 from decode.sampling import Sampling
 from errors import UserError
 from model.checkpoint import load_model
 
 MAX_NEW_TOKENS = 100_000  # beyond this a typo is likelier than intent
 EMPTY_PROMPT = "\n"
+SOURCE_COLOURS = {"draft": "\033[32m", "corrected": "\033[31m", "bonus": "\033[34m"}  # ANSI colours
+RESET = "\033[0m"
 
 
 def add_sampling_args(p, temperature=0.8):
@@ -43,13 +46,54 @@ def sampling_from_args(args):
     return Sampling(args.temperature, args.top_k, args.top_p)
 
 
+def add_draft_args(p):
+    p.add_argument("--k", default="4",
+                   help="draft guesses per round: a number, 'auto' (chosen each round from the measured "
+                        "costs and acceptance) or 'heuristic' (Hugging Face's schedule) (default 4)")
+
+
+def parse_k(value, k_max=16):
+    """(k, schedule) from a --k value."""
+    if value in ("auto", "heuristic"):
+        return 4, value
+    if not value.isdigit() or not 1 <= int(value) <= k_max:
+        raise UserError(f"--k must be a number from 1 to {k_max}, 'auto' or 'heuristic', got {value!r}")
+    return int(value), "fixed"
+
+
+def load_draft(out_dir, tokenizer, device, dtype):
+    """The draft model of out_dir, refused unless it speaks the target's tokenizer."""
+    path = os.path.join(out_dir, "draft.pt")
+    if not os.path.exists(path):
+        raise UserError(f"no draft model at {path}: run python train.py --what draft first")
+    draft, draft_tokenizer, _ = load_model(path, kind="draft", device=device, dtype=dtype)
+    if draft_tokenizer.spec != tokenizer.spec:
+        raise UserError(f"{path} uses another tokenizer ({draft_tokenizer.name}) than the target "
+                        f"({tokenizer.name}): retrain it with python train.py --what draft")
+    return draft
+
+
+def make_proposer(spec, k_value, model, draft=None):
+    if spec == "none":
+        return Plain()
+    k, schedule = parse_k(k_value)
+    return DraftModel(draft, k, schedule, target=model)
+
+
 def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default="out", help="directory holding target.pt (default: out)")
     p.add_argument("--prompt", default=EMPTY_PROMPT, help="text to continue (default: a newline)")
     p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
     add_sampling_args(p)
-    p.add_argument("--spec", choices=list(METHODS), default="none", help="speculative method (default: none)")
+    p.add_argument("--spec", choices=SPEC_METHODS, default="none", help="speculative method (default: none)")
+    add_draft_args(p)
+    p.add_argument("--compare", action="store_true",
+                   help="also decode plainly with the same settings and seed; report the speedup and, "
+                        "for greedy, whether the texts are identical")
+    p.add_argument("--show", action="store_true",
+                   help="colour each token by where it came from: green an accepted draft token, red the "
+                        "target's correction, blue the target's bonus token (only on a terminal)")
     cli.add_device_args(p, dtype_help="default: float32 on CPU, bfloat16 on CUDA; float64 for exactness checks")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
     return p.parse_args(argv)
@@ -79,30 +123,53 @@ def main(argv=None):
         raise UserError(f"the prompt is {len(prompt_ids)} tokens, longer than the model's context of "
                         f"{model.config.block_size}: shorten it")
 
-    torch.manual_seed(args.seed)
-    generator = torch.Generator(device).manual_seed(args.seed)
+    draft = load_draft(args.out_dir, tokenizer, device, dtype) if args.spec == "draft" else None
+    proposer = make_proposer(args.spec, args.k, model, draft)
+
+    def decode(proposer, on_token=None):
+        torch.manual_seed(args.seed)
+        generator = torch.Generator(device).manual_seed(args.seed)
+        return generate(model, prompt_ids, args.max_new_tokens, sampling, generator, on_token, proposer)
+
     on_token = None
     if not args.json:
         decoder = tokenizer.stream_decoder()
+        colours = SOURCE_COLOURS if args.show and sys.stdout.isatty() else {}
         sys.stdout.write(prompt)
 
-        def on_token(token):
-            sys.stdout.write(decoder.push(token))
+        def on_token(token, source):
+            text = decoder.push(token)
+            if text and source in colours:
+                text = f"{colours[source]}{text}{RESET}"
+            sys.stdout.write(text)
             sys.stdout.flush()
 
-    new_ids, stats = METHODS[args.spec](model, prompt_ids, args.max_new_tokens, sampling, generator, on_token)
+    new_ids, stats = decode(proposer, on_token)
     text = tokenizer.decode(new_ids)
     chars_per_s = len(text) / stats.seconds if stats.seconds else 0.0
+    result = dict(text=text, prompt=prompt, spec=args.spec, new_tokens=stats.new_tokens,
+                  target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
+                  tokens_per_s=stats.tokens_per_s, chars_per_s=chars_per_s, seconds=stats.seconds,
+                  tau=stats.tau, alpha=stats.alpha)
+    if args.compare:
+        plain_ids, plain_stats = decode(Plain())
+        result.update(plain_tokens_per_s=plain_stats.tokens_per_s,
+                      speedup=stats.tokens_per_s / plain_stats.tokens_per_s,
+                      identical_to_plain=(plain_ids == new_ids) if sampling.greedy else None)
     if args.json:
-        print(json.dumps(dict(text=text, prompt=prompt, spec=args.spec, new_tokens=stats.new_tokens,
-                              target_forwards=stats.target_forwards, tokens_per_s=stats.tokens_per_s,
-                              chars_per_s=chars_per_s, seconds=stats.seconds, tau=stats.tau, alpha=stats.alpha)))
-    else:
-        print(decoder.flush())
-        alpha = "" if stats.alpha is None else f" | alpha {stats.alpha:.2f}"
-        print(f"[{args.spec}] {stats.new_tokens} new tokens | {stats.target_forwards} target forwards | "
-              f"tau {stats.tau:.2f}{alpha} | {stats.tokens_per_s:.1f} tokens/s | {chars_per_s:.1f} chars/s",
-              file=sys.stderr)
+        print(json.dumps(result))
+        return 0
+    print(decoder.flush())
+    line = (f"[{args.spec}] {stats.new_tokens} new tokens | {stats.target_forwards} target forwards | "
+            f"tau {stats.tau:.2f}")
+    if stats.alpha is not None:
+        line += f" | alpha {stats.alpha:.2f} | {stats.draft_forwards} draft forwards"
+    line += f" | {stats.tokens_per_s:.1f} tokens/s | {chars_per_s:.1f} chars/s"
+    if args.compare:
+        line += f"\n[none] {result['plain_tokens_per_s']:.1f} tokens/s | speedup {result['speedup']:.2f}x"
+        if sampling.greedy:
+            line += f" | identical to plain: {'yes' if result['identical_to_plain'] else 'NO'}"
+    print(line, file=sys.stderr)
     return 0
 
 

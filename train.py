@@ -1,8 +1,13 @@
-"""Train the SpecGPT target model on a text file (tiny Shakespeare by default).
+"""Train the SpecGPT target model, then its draft model, on a text file (tiny Shakespeare by default).
 
-    python train.py                      # preset picked by device: cpu or gpu
+    python train.py                      # target (preset picked by device: cpu or gpu), then draft
+    python train.py --what draft         # only the draft, with the tokenizer of out/target.pt
     python train.py --preset tiny --max-iters 50 --out-dir out-tiny
-    python train.py --resume             # continue an interrupted run from out/target.pt
+    python train.py --resume             # continue an interrupted run where it stopped
+
+--preset and the model-shape flags (--n-layer, ...) shape the target, or the draft with --what draft
+(whose preset is `draft` otherwise); the optimisation flags (--max-iters, ...) apply to every model
+trained.
 """
 import math
 import os
@@ -24,21 +29,26 @@ TRAIN_PRESETS = {
     "tiny": dict(batch_size=8, max_iters=200, learning_rate=1e-3, warmup_iters=20,
                  eval_interval=100, eval_iters=4),
     "cpu": dict(batch_size=32, max_iters=1200, learning_rate=2e-3, warmup_iters=100,
-                eval_interval=200, eval_iters=20),
+                eval_interval=100, eval_iters=20),
     "gpu": dict(batch_size=64, max_iters=5000, learning_rate=1e-3, warmup_iters=100,
                 eval_interval=250, eval_iters=200),
+    "draft": dict(batch_size=32, max_iters=1200, learning_rate=2e-3, warmup_iters=100,
+                  eval_interval=200, eval_iters=20),
 }
 DEFAULT_VOCAB_SIZE = 512
 
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--what", choices=["target"], default="target", help="which model to train")
+    p.add_argument("--what", choices=["all", "target", "draft"], default="all",
+                   help="which model to train (default all: the target, then the draft)")
     p.add_argument("--data", default=None, help="UTF-8 text file (default: tiny Shakespeare, downloaded to data/)")
     p.add_argument("--out-dir", default="out", help="where checkpoints go (default: out)")
     p.add_argument("--preset", default=None, help=f"model and optimiser preset: {', '.join(PRESETS)} "
                                                   "(default: cpu on CPU, gpu on CUDA)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT_DIR/target.pt with its settings")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each model from its checkpoint in OUT_DIR, with its settings (a model "
+                        "without a checkpoint starts afresh)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--tokenizer", choices=["bpe", "gpt2"], default="bpe",
                    help="bpe: byte-level BPE trained on the training split; gpt2: tiktoken's GPT-2 encoding")
@@ -61,14 +71,18 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def settings_from_args(args, device):
-    """(model config overrides, optimisation settings) from the preset and the flags."""
-    preset = args.preset or ("gpu" if device.startswith("cuda") else "cpu")
+def settings_from_args(args, kind, device):
+    """(model config overrides, optimisation settings) of `kind` from its preset and the flags."""
+    shaped_by_flags = kind == "target" or args.what == "draft"
+    if kind == "draft" and not (shaped_by_flags and args.preset):
+        preset = "draft"
+    else:
+        preset = args.preset or ("gpu" if device.startswith("cuda") else "cpu")
     if preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
     model_cfg = dict(PRESETS[preset])
     for name in ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias"):
-        if getattr(args, name) is not None:
+        if shaped_by_flags and getattr(args, name) is not None:
             model_cfg[name] = getattr(args, name)
     opt = dict(TRAIN_PRESETS[preset])
     for name in ("batch_size", "max_iters", "warmup_iters", "eval_interval", "eval_iters", "learning_rate"):
@@ -125,12 +139,21 @@ def main(argv=None):
     args = parse_args(argv)
     device = cli.resolve_device(args.device)
     dtype = cli.resolve_dtype(args.dtype or "float32", device)
-    ckpt_path = os.path.join(args.out_dir, "target.pt")
-
+    if args.preset is not None and args.preset not in PRESETS:
+        raise UserError(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
     text = read_text(args.data)
+    for kind in (["target", "draft"] if args.what == "all" else [args.what]):
+        train_model(kind, args, text, device, dtype)
+    return 0
+
+
+def train_model(kind, args, text, device, dtype):
+    """Train (or resume) OUT_DIR/<kind>.pt."""
+    ckpt_path = os.path.join(args.out_dir, f"{kind}.pt")
     train_text, val_text = split_text(text)
-    if args.resume:
-        state = load_checkpoint(ckpt_path)
+    resuming = args.resume and os.path.exists(ckpt_path)
+    if resuming:
+        state = load_checkpoint(ckpt_path, kind)
         tokenizer = Tokenizer(state["tokenizer"])
         model_cfg, opt = state["config"], state["train_settings"]
         if args.max_iters is not None:
@@ -138,8 +161,13 @@ def main(argv=None):
     else:
         if os.path.exists(ckpt_path):
             raise UserError(f"{ckpt_path} exists: pass --resume to continue it, or another --out-dir")
-        model_cfg, opt = settings_from_args(args, device)
-        if args.tokenizer == "gpt2":
+        model_cfg, opt = settings_from_args(args, kind, device)
+        if kind == "draft":  # the draft must speak the target's tokenizer, token for token
+            target = load_checkpoint(os.path.join(args.out_dir, "target.pt"), "target")
+            tokenizer = Tokenizer(target["tokenizer"])
+            if args.what != "draft" or args.block_size is None:
+                model_cfg["block_size"] = target["config"]["block_size"]
+        elif args.tokenizer == "gpt2":
             tokenizer = Tokenizer({"kind": "gpt2"})
         else:
             print(f"training a {args.vocab_size}-token byte-level BPE on {len(train_text):,} characters")
@@ -157,13 +185,13 @@ def main(argv=None):
     optimizer = make_optimizer(model, opt)
     gen = torch.Generator().manual_seed(args.seed)  # draws the training batches
     start_iter, history = 0, []
-    if args.resume:
+    if resuming:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         gen.set_state(state["rng"])
         start_iter, history = state["iter"], state["history"]
         print(f"resuming {ckpt_path} at iteration {start_iter}")
-    print(f"{config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, context {config.block_size}, "
+    print(f"{kind}: {config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, context {config.block_size}, "
           f"{model.num_params() / 1e6:.2f}M parameters, tokenizer {tokenizer.name}, "
           f"{train.chars_per_token:.2f} characters/token, {len(train.tokens):,} training tokens")
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda")
@@ -176,7 +204,7 @@ def main(argv=None):
         history.append(dict(iter=it, seconds=elapsed, val_loss=val_loss, val_nats_per_char=nats_per_char))
         print(f"eval {it}: val {val_loss:.4f} nats/token = {nats_per_char:.4f} nats/char "
               f"= {nats_per_char / math.log(2):.4f} bits/char ({format_duration(elapsed)})")
-        save_checkpoint(ckpt_path, model, tokenizer, kind="target", optimizer=optimizer.state_dict(),
+        save_checkpoint(ckpt_path, model, tokenizer, kind=kind, optimizer=optimizer.state_dict(),
                         iter=it, rng=gen.get_state(), history=history, train_settings=opt,
                         data=os.path.abspath(args.data) if args.data else None)
 
@@ -213,7 +241,6 @@ def main(argv=None):
     if start_iter >= opt["max_iters"]:
         print(f"{ckpt_path} is already at iteration {start_iter}; raise --max-iters to train further")
     print(f"saved {ckpt_path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
-"""Decoding methods. Each takes (model, prompt ids, max_new_tokens, Sampling, generator, on_token)
-and returns (new token ids, DecodeStats)."""
-from decode import plain
+"""Decoding methods. Each is a proposer of candidate tokens for the one shared loop,
+decode.speculative.generate; plain decoding is the proposer that proposes nothing."""
+from decode.draft import DraftModel
+from decode.plain import Plain
+from decode.speculative import generate
 
-METHODS = {"none": plain.generate}
+SPEC_METHODS = ("none", "draft")
+
+__all__ = ["DraftModel", "Plain", "generate", "SPEC_METHODS"]

@@ -34,6 +34,7 @@ PRESETS = {
     "tiny": dict(block_size=64, n_layer=2, n_head=2, n_embd=32),  # tests
     "cpu": dict(block_size=128, n_layer=4, n_head=4, n_embd=256),
     "gpu": dict(block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),  # nanoGPT shakespeare-char
+    "draft": dict(block_size=128, n_layer=1, n_head=2, n_embd=128),  # ~12x fewer parameters than cpu
 }
 
 

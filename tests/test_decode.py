@@ -1,7 +1,7 @@
 """Plain decoding with the cache says what a cacheless, recompute-everything loop says."""
 import torch
 
-from decode import plain
+from decode import generate
 from decode.sampling import Sampling, next_token
 from tests.conftest import tiny_model
 
@@ -23,7 +23,7 @@ def reference_generate(model, prompt, max_new_tokens, sampling, generator=None):
 def test_greedy_matches_reference_well_past_the_window():
     model = tiny_model()  # context 32
     prompt = [5, 17, 3, 60, 2]
-    new, stats = plain.generate(model, prompt, 100, Sampling())
+    new, stats = generate(model, prompt, 100, Sampling())
     assert new == reference_generate(model, prompt, 100, Sampling())
     assert stats.new_tokens == 100
     assert stats.target_forwards == 100  # a re-prefill stands in for the step it replaces
@@ -33,11 +33,11 @@ def test_greedy_matches_reference_well_past_the_window():
 def test_sampling_matches_reference_draw_for_draw():
     model = tiny_model(seed=3)
     sampling = Sampling(temperature=0.9, top_k=20, top_p=0.9)
-    new, _ = plain.generate(model, [1, 2, 3], 70, sampling, torch.Generator().manual_seed(7))
+    new, _ = generate(model, [1, 2, 3], 70, sampling, torch.Generator().manual_seed(7))
     assert new == reference_generate(model, [1, 2, 3], 70, sampling, torch.Generator().manual_seed(7))
 
 
 def test_streams_each_token_as_it_comes():
     seen = []
-    new, stats = plain.generate(tiny_model(), [1], 10, Sampling(), on_token=seen.append)
-    assert seen == new and stats.tau == 1.0 and stats.target_forwards == 10
+    new, stats = generate(tiny_model(), [1], 10, Sampling(), on_token=lambda t, source: seen.append((t, source)))
+    assert seen == [(t, "target") for t in new] and stats.tau == 1.0 and stats.target_forwards == 10

@@ -1,0 +1,92 @@
+"""Vanilla draft-model speculation (Leviathan et al. 2023; Chen et al. 2023).
+
+A small draft model with the target's tokenizer guesses k tokens one at a time, sampling each from
+its own (processed) distribution q; the target checks all k in one forward and the shared verifier
+keeps each guess x with probability min(1, p(x)/q(x)) (greedy: while it equals the target's
+argmax). The draft then rolls its cache back to the accepted prefix and, next round, catches up on
+the tokens it has not seen (the target's correction or bonus token).
+
+How many guesses per round:
+  - a fixed k;
+  - "auto": the k that maximises expected tokens per unit of time, E(k) / (r(k+1) + k*c), where
+    E(k) = (1 - alpha^(k+1)) / (1 - alpha) for the running acceptance estimate alpha, r is the
+    target's verify-pass cost curve and c the draft's step cost, both measured on this machine;
+  - "heuristic": Hugging Face transformers' schedule, k + 2 after a fully accepted round, else k - 1.
+"""
+import torch
+
+from decode.cost import forward_seconds, cost_curve
+from decode.sampling import token_probs
+from decode.tree import Candidates
+
+ALPHA_PRIOR, PRIOR_WEIGHT = 0.6, 4  # the acceptance assumed before any round is judged
+
+
+def expected_tokens(alpha, k):
+    """Expected tokens per round with k guesses, each accepted independently with probability alpha."""
+    return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+class DraftModel:
+    def __init__(self, draft, k=4, schedule="fixed", k_max=8, target=None):
+        self.draft = draft
+        self.schedule = schedule
+        self.k_max = k if schedule == "fixed" else k_max
+        self.k_start = k
+        self.max_candidates = self.k_max
+        if schedule == "auto":  # measured once: the cost model of the choice
+            prefix = target.config.block_size // 2
+            self.r, target_step = cost_curve(target, self.k_max + 1, prefix)
+            self.c = forward_seconds(draft, 1, draft.config.block_size // 2) / target_step
+
+    def start(self, prompt):
+        self.cache = self.draft.new_cache(scratch=1)
+        self.window_start = self.cached = 0  # the draft's cache holds tokens[window_start:cached]
+        self.forwards = 0
+        self.k = self.k_start
+        self.accepted = self.judged = 0
+
+    def choose_k(self):
+        if self.schedule != "auto":
+            return self.k
+        alpha = (self.accepted + ALPHA_PRIOR * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
+        return max(range(1, self.k_max + 1), key=lambda k: expected_tokens(alpha, k) / (self.r[k] + k * self.c))
+
+    def _step(self, new_tokens):
+        """Feed new_tokens to the draft, keep them, return the logits after the last one."""
+        idx = torch.tensor([new_tokens], device=self.cache.k.device)
+        logits = self.draft(idx, self.cache)[0, -1]
+        self.cache.commit()
+        self.forwards += 1
+        return logits
+
+    def propose(self, tokens, max_depth, sampling, generator):
+        k = min(self.choose_k(), max_depth)
+        block_size = self.draft.config.block_size
+        # the draft will hold tokens[window_start:] plus k - 1 of its own guesses: slide if that overflows
+        if len(tokens) - self.window_start + k - 1 > block_size:
+            self.window_start = self.cached = len(tokens) - block_size // 2
+            self.cache.rollback(0)
+            k = min(k, block_size // 2)
+        logits = self._step(tokens[self.cached:])
+        self.cached = len(tokens)
+        self.root_length = self.cache.length
+        guesses, draft_probs = [], []
+        for i in range(k):
+            q = token_probs(logits, sampling)
+            guess = int(q.argmax()) if sampling.greedy else int(torch.multinomial(q, 1, generator=generator))
+            guesses.append(guess)
+            draft_probs.append(q)
+            if i < k - 1:  # the last guess is only checked, never extended
+                logits = self._step([guess])
+        self.k_used = k
+        return Candidates.chain(guesses, None if sampling.greedy else torch.stack(draft_probs))
+
+    def update(self, tokens, verdict):
+        kept = min(len(verdict.path), self.k_used - 1)  # accepted guesses the draft has already seen
+        self.cache.rollback(self.root_length + kept)
+        self.cached += kept
+        self.accepted += len(verdict.path)
+        self.judged += verdict.judged
+        if self.schedule == "heuristic":
+            self.k = min(self.k_max, self.k + 2) if len(verdict.path) == self.k_used else max(1, self.k - 1)

@@ -1,0 +1,89 @@
+"""The speculative loop every decoding method shares.
+
+Each round:
+  1. the method (a "proposer") proposes candidate tokens as a tree (a chain for a draft model),
+     with the draft probabilities it sampled them from, if any;
+  2. the target runs ONE forward over the tokens not yet in its cache (the root: the last accepted
+     token) and all candidates, under the tree mask, positions = prefix length + depth;
+  3. the shared verifier picks the accepted path and the target's next token;
+  4. the cache commits the root and that path; everything else in the pass is dropped;
+  5. the method updates its own state (a draft model rolls its cache back).
+Plain decoding is the degenerate case: no candidates, one new token per target forward.
+
+Past the context window: the model has block_size learned positions. When the root would no
+longer fit, the cache is emptied and the next pass re-prefills the last half window (the tail is
+then block_size // 2 tokens long): the model keeps at least half a window of context and the next
+slide is half a window away. Candidates are never deeper than the room left in the window, so every
+method predicts every token from the same context, which is what makes greedy speculation
+token-identical to plain greedy.
+"""
+import time
+
+import torch
+
+from decode.plain import Plain
+from decode.sampling import token_probs
+from decode.stats import DecodeStats
+from decode.tree import Candidates, verify_mask
+from decode.verify import verify_greedy, verify_sampling
+
+
+NO_CANDIDATES = Candidates([], [])
+
+
+@torch.inference_mode()
+def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=None, proposer=None):
+    """Continue the token list `prompt` by max_new_tokens tokens, speculating with `proposer`
+    (plain decoding when None). on_token(token, source) is called for each new token as soon as it
+    is accepted; source is "draft" (an accepted candidate), "corrected" (the target's token in place
+    of a rejected candidate), "bonus" (the target's token after a fully accepted path) or "target"
+    (nothing was proposed). Returns (new token ids, DecodeStats)."""
+    proposer = proposer or Plain()
+    block_size = model.config.block_size
+    if not 0 < len(prompt) <= block_size:
+        raise ValueError(f"prompt must have 1 to {block_size} tokens, got {len(prompt)}")
+    started = time.perf_counter()
+    stats = DecodeStats()
+    cache = model.new_cache(scratch=proposer.max_candidates + 1)
+    device = cache.k.device
+    proposer.start(prompt)
+    tokens = list(prompt)
+    window_start, cached = 0, 0  # the cache holds tokens[window_start:cached]
+    while len(tokens) - len(prompt) < max_new_tokens:
+        if len(tokens) - window_start > block_size:  # the root would fall outside the window: slide
+            window_start = cached = len(tokens) - block_size // 2
+            cache.rollback(0)
+        tail = tokens[cached:]
+        room = block_size - (len(tokens) - window_start)  # how deep candidates may go
+        remaining = max_new_tokens - (len(tokens) - len(prompt))
+        depth_limit = min(room, remaining - 1)  # the pass adds one token of its own
+        candidates = proposer.propose(tokens, depth_limit, sampling, generator) if depth_limit > 0 else None
+        candidates = candidates or NO_CANDIDATES
+        idx = torch.tensor([tail + candidates.tokens], device=device)
+        pos = mask = None
+        if candidates:
+            mask = verify_mask(candidates.parents, len(tail)).to(device)
+            depth = torch.tensor(candidates.depths(), device=device)
+            pos = torch.cat([torch.arange(cache.length, cache.length + len(tail), device=device),
+                             cache.length + len(tail) - 1 + depth])
+        logits = model(idx, cache, pos=pos, mask=mask)[0, len(tail) - 1:]  # (1+n, vocab): root, candidates
+        stats.target_forwards += 1
+        verdict = (verify_greedy(logits, candidates) if sampling.greedy
+                   else verify_sampling(token_probs(logits, sampling), candidates, generator))
+        cache.commit(list(range(len(tail))) + [len(tail) - 1 + c for c in verdict.path])
+        cached = len(tokens) + len(verdict.path)
+        accepted = [candidates.tokens[c - 1] for c in verdict.path]
+        last_source = "target" if not candidates else ("corrected" if verdict.corrected else "bonus")
+        new = list(zip(accepted, ["draft"] * len(accepted))) + [(verdict.next_token, last_source)]
+        tokens += [t for t, _ in new]
+        if on_token:
+            for token, source in new:
+                on_token(token, source)
+        stats.drafted += verdict.judged
+        stats.accepted += len(verdict.path)
+        if depth_limit > 0:
+            proposer.update(tokens, verdict)
+    stats.new_tokens = len(tokens) - len(prompt)
+    stats.draft_forwards = proposer.forwards
+    stats.seconds = time.perf_counter() - started
+    return tokens[len(prompt):], stats

@@ -1,0 +1,68 @@
+"""The one verifier every speculative method shares.
+
+Given the target's distributions at the root and at every candidate (one verify pass), pick the
+accepted root-to-node path and the token after it, so that the output is exactly what plain
+decoding would produce: the same tokens (greedy), or the same distribution (sampling).
+
+Sampling uses recursive rejection (SpecInfer; for a chain it is Leviathan et al.'s rule). At a node
+with target distribution p, try its children x in turn, each drawn from a draft distribution q:
+accept x with probability min(1, p(x) / q(x)); after a rejection replace p by
+normalize(max(0, p - q)) and try the next child. If none survives, draw from what is left of p;
+if every candidate on the path survives, draw a bonus token from p at its end. For a deterministic
+candidate q is one-hot, so it is accepted with probability p(x), and a rejection zeroes p(x).
+Why it is exact: P(emit x) = min(p(x), q(x)) + (1 - sum min(p, q)) * residual(x) = p(x).
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Verdict:
+    path: list        # accepted candidates, as pass positions (1..n), root to leaf
+    next_token: int   # the target's own token after the path: a correction or a bonus
+    judged: int       # candidates the verifier accepted or rejected (for alpha)
+    corrected: bool   # True if next_token replaces a rejected candidate, False if it is a bonus
+
+
+def verify_greedy(logits, candidates):
+    """The longest path whose every token is the target's argmax at its parent, then the argmax
+    after it. logits: (n+1, vocab) at [root, candidates...]."""
+    best = logits.argmax(-1).tolist()
+    children = candidates.children()
+    path, node, judged = [], 0, 0
+    while True:
+        for child in children[node]:
+            judged += 1
+            if candidates.tokens[child - 1] == best[node]:
+                path.append(child)
+                node = child
+                break
+        else:
+            return Verdict(path, best[node], judged, corrected=bool(children[node]))
+
+
+def verify_sampling(probs, candidates, generator=None):
+    """Recursive rejection sampling. probs: (n+1, vocab), the processed target distribution
+    (temperature, top-k, top-p already applied) at [root, candidates...]."""
+    children = candidates.children()
+    path, node, judged = [], 0, 0
+    while True:
+        p = probs[node]
+        for child in children[node]:
+            x = candidates.tokens[child - 1]
+            if candidates.draft_probs is None:  # deterministic guess: q is one-hot on x
+                q = torch.zeros_like(p)
+                q[x] = 1.0
+            else:
+                q = candidates.draft_probs[child - 1].to(p.dtype)
+            judged += 1
+            if torch.rand((), generator=generator, dtype=p.dtype) * q[x] < p[x]:  # prob min(1, p/q)
+                path.append(child)
+                node = child
+                break
+            residual = (p - q).clamp_min(0)
+            p = residual / residual.sum() if residual.sum() > 0 else p
+        else:
+            token = int(torch.multinomial(p, 1, generator=generator))
+            return Verdict(path, token, judged, corrected=bool(children[node]))
