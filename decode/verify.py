@@ -42,6 +42,13 @@ def verify_greedy(logits, candidates):
             return Verdict(path, best[node], judged, corrected=bool(children[node]))
 
 
+def residual(p, q):
+    """What is left of p after a rejected draw from q: normalize(max(0, p - q))."""
+    left = (p - q).clamp_min(0)
+    total = left.sum()
+    return left / total if total > 0 else p  # total is 0 only if p == q, where nothing is ever rejected
+
+
 def verify_sampling(probs, candidates, generator=None):
     """Recursive rejection sampling. probs: (n+1, vocab), the processed target distribution
     (temperature, top-k, top-p already applied) at [root, candidates...]."""
@@ -61,8 +68,7 @@ def verify_sampling(probs, candidates, generator=None):
                 path.append(child)
                 node = child
                 break
-            residual = (p - q).clamp_min(0)
-            p = residual / residual.sum() if residual.sum() > 0 else p
+            p = residual(p, q)
         else:
             token = int(torch.multinomial(p, 1, generator=generator))
             return Verdict(path, token, judged, corrected=bool(children[node]))

@@ -25,6 +25,18 @@ def tiny_model(seed=0, dtype=torch.float64, **overrides):
     return model
 
 
+@torch.no_grad()
+def assert_matches_prefill(model, cache, tokens):
+    """The committed part of `cache` equals what a fresh prefill of `tokens` would hold."""
+    fresh = model.new_cache()
+    if tokens:
+        model(torch.tensor([tokens]), fresh)
+        fresh.commit()
+    assert cache.length == len(tokens)
+    torch.testing.assert_close(cache.k[..., :cache.length, :], fresh.k[..., :fresh.length, :], rtol=0, atol=1e-10)
+    torch.testing.assert_close(cache.v[..., :cache.length, :], fresh.v[..., :fresh.length, :], rtol=0, atol=1e-10)
+
+
 def run_cli(*args, timeout=120):
     """Run one of the command-line tools; returns the CompletedProcess."""
     return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,

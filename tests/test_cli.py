@@ -89,3 +89,25 @@ def test_train_bad_input(tmp_path):
     if not torch.cuda.is_available():
         assert_one_line_error(train("--data", SHAKESPEARE, "--device", "cuda"), "CUDA")
     assert not (tmp_path / "out" / "target.pt").exists()
+
+
+def test_generate_draft_compare_is_identical_to_plain(tiny_checkpoint):
+    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--spec", "draft", "--k", "3", "--compare",
+                "--temperature", "0", "--dtype", "float64", "--max-new-tokens", "100", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["identical_to_plain"] is True and out["spec"] == "draft" and out["draft_forwards"] > 0
+    assert 0 <= out["alpha"] <= 1 and out["tau"] >= 1
+
+
+def test_generate_draft_bad_input(tiny_checkpoint, tmp_path):
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tiny_checkpoint, "--spec", "draft", "--k", "0"), "--k")
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tiny_checkpoint, "--spec", "draft", "--k", "many"),
+                          "--k")
+    (tmp_path / "target.pt").write_bytes((tiny_checkpoint / "target.pt").read_bytes())
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "draft"), "--what draft")
+    # a draft trained with another tokenizer must be refused
+    state = torch.load(tiny_checkpoint / "draft.pt", weights_only=True)
+    state["tokenizer"] = {"kind": "bpe", "merges": state["tokenizer"]["merges"][:-1]}
+    torch.save(state, tmp_path / "draft.pt")
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "draft"), "another tokenizer")

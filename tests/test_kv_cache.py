@@ -4,20 +4,14 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from model.kv_cache import KVCache
-from tests.conftest import tiny_model
+from tests.conftest import assert_matches_prefill, tiny_model
 from tests.test_model import path_to, tree_mask_and_depths
 
 MODEL = tiny_model(block_size=48)
 
 
 def assert_cache_is_fresh_prefill(cache, tokens):
-    fresh = MODEL.new_cache()
-    if tokens:
-        MODEL(torch.tensor([tokens]), fresh)
-        fresh.commit()
-    assert cache.length == len(tokens)
-    torch.testing.assert_close(cache.k[..., :cache.length, :], fresh.k[..., :fresh.length, :], rtol=0, atol=1e-10)
-    torch.testing.assert_close(cache.v[..., :cache.length, :], fresh.v[..., :fresh.length, :], rtol=0, atol=1e-10)
+    assert_matches_prefill(MODEL, cache, tokens)
 
 
 # One round: a candidate tree of new tokens (each node's parent, or -1 for the root), which node's

@@ -1,0 +1,199 @@
+"""Speculation never changes what the model says.
+
+Greedy: token-identical to plain greedy (float64 tiny models). Sampling: the same distribution as
+sampling the target directly, checked on toy bigram models whose joint distribution over 256
+outcomes is known exactly, with a deliberately wrong verifier as the control the test must catch.
+"""
+import collections
+
+import numpy as np
+
+import pytest
+import torch
+
+import decode.verify
+from decode import DraftModel, generate
+from decode.sampling import Sampling, token_probs
+from decode.tree import Candidates
+from tests.conftest import assert_matches_prefill, tiny_model
+from tests.toys import ToyBigram, chi_square, chi_square_critical, exact_joint, random_table, total_variation
+
+
+def perturbed_copy(model, scale, seed):
+    """A draft that mostly agrees with the target: its weights plus noise."""
+    draft = tiny_model(seed=0)
+    draft.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale * p.std())
+    return draft
+
+
+TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
+DRAFTS = {"close": perturbed_copy(TARGET, 0.15, seed=1), "medium": perturbed_copy(TARGET, 0.3, seed=2),
+          "unrelated": tiny_model(seed=7, n_layer=1)}
+PROMPTS = [[5], [1, 2, 3, 4, 5, 6, 7], list(range(10, 30)), [63] * 31]
+
+
+@pytest.mark.parametrize("draft", list(DRAFTS))
+@pytest.mark.parametrize("k", ["1", "2", "3", "4", "5", "6", "7", "8", "auto", "heuristic"])
+def test_greedy_draft_is_token_identical_to_plain(draft, k):
+    schedule = k if k in ("auto", "heuristic") else "fixed"
+    proposer = DraftModel(DRAFTS[draft], 4 if schedule != "fixed" else int(k), schedule, target=TARGET)
+    accepted = judged = 0
+    for prompt in PROMPTS:
+        plain, _ = generate(TARGET, prompt, 60, Sampling())
+        spec, stats = generate(TARGET, prompt, 60, Sampling(), proposer=proposer)
+        assert spec == plain
+        assert stats.new_tokens == 60 and stats.target_forwards < 60 + (draft == "unrelated")
+        accepted, judged = accepted + stats.accepted, judged + stats.drafted
+    if draft != "unrelated":  # the test must exercise accepted runs, not only rejections
+        assert accepted / judged > 0.5
+
+
+class RecordingTarget(torch.nn.Module):
+    """The target, remembering the cache the decoding loop asked it for."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def new_cache(self, **kwargs):
+        self.cache = self.model.new_cache(**kwargs)
+        return self.cache
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+
+class CheckedDraft(DraftModel):
+    """After every round, both caches must equal fresh prefills of the tokens they claim to hold."""
+
+    def update(self, tokens, verdict):
+        super().update(tokens, verdict)
+        target = self.recorder.cache  # holds every accepted token but the newest
+        assert_matches_prefill(self.recorder.model, target, tokens[len(tokens) - 1 - target.length:-1])
+        assert_matches_prefill(self.draft, self.cache, tokens[self.window_start:self.cached])
+        self.rounds += 1
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0)])
+def test_caches_equal_fresh_prefills_after_every_round(sampling):
+    recorder = RecordingTarget(TARGET)
+    proposer = CheckedDraft(DRAFTS["medium"], k=5)
+    proposer.recorder, proposer.rounds = recorder, 0
+    generate(recorder, [3, 1, 4], 70, sampling, torch.Generator().manual_seed(0), proposer=proposer)
+    assert proposer.rounds > 10
+
+
+def test_on_token_tells_where_each_token_came_from():
+    for prompt in PROMPTS:
+        sources = []
+        new, _ = generate(TARGET, prompt, 60, Sampling(), proposer=DraftModel(DRAFTS["medium"], 4),
+                          on_token=lambda token, source: sources.append(source))
+        assert len(sources) == 60
+        seen = seen | set(sources) if prompt != PROMPTS[0] else set(sources)
+    assert seen == {"draft", "corrected", "bonus", "target"}  # target: no room left before a slide
+
+
+# ---- sampling: exact distribution on toy bigram models -------------------------------------------
+
+VOCAB, LENGTH, FIRST = 4, 4, 0
+TARGET_TABLE, DRAFT_TABLE = random_table(VOCAB, seed=11), random_table(VOCAB, seed=12)
+
+
+class ToyTree:
+    """Proposes a tree mixing stochastic candidates (i.i.d. draws from the draft, with their q) and
+    deterministic ones (q one-hot): at the root two draws and the fixed guess 3; under the first
+    draw, one draw and the fixed guess 0."""
+    max_candidates = 5
+    forwards = 0
+
+    def __init__(self, table):
+        self.table = table
+
+    def start(self, prompt):
+        pass
+
+    def propose(self, tokens, max_depth, sampling, generator):
+        q_root = token_probs(self.table[tokens[-1]], sampling)
+        a, b = torch.multinomial(q_root, 2, replacement=True, generator=generator).tolist()
+        if max_depth == 1:
+            return Candidates([a, b, 3], [-1, -1, -1], torch.stack([q_root, q_root, one_hot(3)]))
+        q_a = token_probs(self.table[a], sampling)
+        c = int(torch.multinomial(q_a, 1, generator=generator))
+        return Candidates([a, b, 3, c, 0], [-1, -1, -1, 0, 0],
+                          torch.stack([q_root, q_root, one_hot(3), q_a, one_hot(0)]))
+
+    def update(self, tokens, verdict):
+        pass
+
+
+def one_hot(token):
+    return torch.nn.functional.one_hot(torch.tensor(token), VOCAB).double()
+
+
+def sample_counts(make_proposer, sampling, n, seed=0):
+    target = ToyBigram(TARGET_TABLE)
+    gen = torch.Generator().manual_seed(seed)
+    counts = collections.Counter()
+    for _ in range(n):
+        new, _ = generate(target, [FIRST], LENGTH, sampling, gen, proposer=make_proposer())
+        counts[tuple(new)] += 1
+    return counts
+
+
+def direct_tv_quantile(joint, n, quantile=0.999, repeats=2000):
+    """The `quantile` of the total-variation distance of n direct draws from the joint: how far
+    exact sampling can land by chance."""
+    probs = np.array(list(joint.values()))
+    counts = np.random.default_rng(123).multinomial(n, probs / probs.sum(), size=repeats)  # (repeats, outcomes)
+    return float(np.quantile(0.5 * np.abs(counts / n - probs).sum(axis=1), quantile))
+
+
+SETTINGS = {
+    "chain, temperature 1": (lambda: DraftModel(ToyBigram(DRAFT_TABLE), k=3), Sampling(temperature=1.0)),
+    "chain, top-k top-p": (lambda: DraftModel(ToyBigram(DRAFT_TABLE), k=2),
+                           Sampling(temperature=0.7, top_k=3, top_p=0.9)),
+    "tree, mixed candidates": (lambda: ToyTree(DRAFT_TABLE), Sampling(temperature=1.2)),
+}
+N = 6000
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_sampling_preserves_the_target_distribution(name):
+    make_proposer, sampling = SETTINGS[name]
+    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
+    counts = sample_counts(make_proposer, sampling, N)
+    stat, df = chi_square(counts, joint, N)
+    assert stat < chi_square_critical(df), f"chi-square {stat:.0f} with {df} degrees of freedom"
+    # the distance to the exact joint shrinks like that of direct sampling: at N/4 and at N draws
+    first_quarter = sample_counts(make_proposer, sampling, N // 4, seed=1)
+    for n, c in ((N // 4, first_quarter), (N, counts)):
+        assert total_variation(c, joint, n) < direct_tv_quantile(joint, n)
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_wrong_verifier_is_caught(name, monkeypatch):
+    # the classic mistake: after a rejection, resample from p instead of the residual max(0, p - q)
+    monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
+    make_proposer, sampling = SETTINGS[name]
+    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
+    counts = sample_counts(make_proposer, sampling, N)
+    stat, df = chi_square(counts, joint, N)
+    assert stat > 3 * chi_square_critical(df)
+    assert total_variation(counts, joint, N) > 2 * direct_tv_quantile(joint, N)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_tau_matches_the_formula_for_constant_acceptance(k):
+    # target p = (0.7, 0.3) everywhere, draft always proposes token 0: each guess survives with 0.7
+    alpha = 0.7
+    target = ToyBigram(torch.log(torch.tensor([[alpha, 1 - alpha]] * 2)), block_size=4096)
+    draft = ToyBigram(torch.tensor([[0.0, -float("inf")]] * 2), block_size=4096)
+    _, stats = generate(target, [0], 3000, Sampling(temperature=1.0), torch.Generator().manual_seed(0),
+                        proposer=DraftModel(draft, k))
+    expected = (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert stats.tau == pytest.approx(expected, rel=0.04)
+    assert stats.alpha == pytest.approx(alpha, abs=0.03)
