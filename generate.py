@@ -169,6 +169,8 @@ def main(argv=None):
         line += f"\n[none] {result['plain_tokens_per_s']:.1f} tokens/s | speedup {result['speedup']:.2f}x"
         if sampling.greedy:
             line += f" | identical to plain: {'yes' if result['identical_to_plain'] else 'NO'}"
+    if args.show and sys.stdout.isatty():
+        line += "\n(green: accepted draft token, red: the target's correction, blue: the target's bonus token)"
     print(line, file=sys.stderr)
     return 0
 

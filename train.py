@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import cli
 from data import TokenData, read_text, split_text
 from errors import UserError
-from model.checkpoint import load_checkpoint, save_checkpoint
+from model.checkpoint import load_checkpoint, load_model, save_checkpoint
 from model.gpt import GPT, GPTConfig, PRESETS
 from model.tokenizer import Tokenizer
 
@@ -56,6 +56,9 @@ def parse_args(argv=None):
                    help=f"BPE vocabulary size; 256 = plain bytes (default {DEFAULT_VOCAB_SIZE})")
     cli.add_device_args(p, dtype_help="parameter dtype (default float32; CUDA trains under bf16 autocast)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--distill", action=cli.argparse.BooleanOptionalAction, default=True,
+                   help="train the draft on the target's predicted distributions instead of the data's next "
+                        "tokens, so that it learns to agree with the target (default: on)")
     g = p.add_argument_group("overrides of the preset")
     for name in ("block_size", "n_layer", "n_head", "n_embd"):
         g.add_argument("--" + name.replace("_", "-"), type=int)
@@ -197,6 +200,10 @@ def train_model(kind, args, text, device, dtype):
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda")
                 else torch.autocast("cpu", enabled=False))
     step_model = torch.compile(model) if args.compile else model
+    teacher = None
+    if kind == "draft" and args.distill:
+        teacher = load_model(os.path.join(args.out_dir, "target.pt"), device=device, dtype=dtype)[0]
+        print("distilling from the target: the training loss is the cross-entropy to its distributions")
 
     def evaluate_and_save(it, elapsed):
         val_loss = estimate_loss(step_model, val, opt, config.block_size, device, autocast)
@@ -217,7 +224,9 @@ def train_model(kind, args, text, device, dtype):
         x, y = train.batch(opt["batch_size"], config.block_size, gen, device)
         with autocast:
             logits = step_model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+            with torch.no_grad():  # a distilled draft learns the target's whole next-token distribution
+                labels = y.view(-1) if teacher is None else torch.softmax(teacher(x).float(), -1).flatten(0, 1)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels)
         if not torch.isfinite(loss):
             kept = f"{ckpt_path} keeps iteration {history[-1]['iter']}" if history else "nothing was saved yet"
             raise UserError(f"loss became {loss.item()} at iteration {it}; stopped ({kept}); "

@@ -73,14 +73,17 @@ class DraftModel:
         self.root_length = self.cache.length
         guesses, draft_probs = [], []
         for i in range(k):
-            q = token_probs(logits, sampling)
-            guess = int(q.argmax()) if sampling.greedy else int(torch.multinomial(q, 1, generator=generator))
+            if sampling.greedy:  # the verifier needs no q: a greedy guess stands or falls by the argmax
+                guess = int(logits.argmax())
+            else:
+                q = token_probs(logits, sampling)
+                guess = int(torch.multinomial(q, 1, generator=generator))
+                draft_probs.append(q)
             guesses.append(guess)
-            draft_probs.append(q)
             if i < k - 1:  # the last guess is only checked, never extended
                 logits = self._step([guess])
         self.k_used = k
-        return Candidates.chain(guesses, None if sampling.greedy else torch.stack(draft_probs))
+        return Candidates.chain(guesses, torch.stack(draft_probs) if draft_probs else None)
 
     def update(self, tokens, verdict):
         kept = min(len(verdict.path), self.k_used - 1)  # accepted guesses the draft has already seen

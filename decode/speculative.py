@@ -60,8 +60,8 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         candidates = proposer.propose(tokens, depth_limit, sampling, generator) if depth_limit > 0 else None
         candidates = candidates or NO_CANDIDATES
         idx = torch.tensor([tail + candidates.tokens], device=device)
-        pos = mask = None
-        if candidates:
+        pos = mask = None  # a chain needs neither: it is a causal run of consecutive positions
+        if not candidates.is_chain():
             mask = verify_mask(candidates.parents, len(tail)).to(device)
             depth = torch.tensor(candidates.depths(), device=device)
             pos = torch.cat([torch.arange(cache.length, cache.length + len(tail), device=device),

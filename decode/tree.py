@@ -26,6 +26,9 @@ class Candidates:
     def __len__(self):
         return len(self.tokens)
 
+    def is_chain(self):
+        return self.parents == list(range(-1, len(self) - 1))
+
     def depths(self):
         """Depth of each candidate: 1 for children of the root."""
         depth = []

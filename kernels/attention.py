@@ -30,7 +30,9 @@ def attention(q, k, v, mask=None):
             return F.scaled_dot_product_attention(q, k, v)
         if prefix == 0:  # lets PyTorch take its fused causal path
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        # query i sees the prefix and new positions 0..i: keys 0..prefix+i
+        full = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(prefix)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=full)
     if mask.shape != (n, n) or mask.dtype != torch.bool:
         raise ValueError(f"attention: mask must be a bool ({n}, {n}) tensor, got {mask.dtype} {tuple(mask.shape)}")
     full = torch.ones(n, total, dtype=torch.bool, device=q.device)  # (n, P+n)

@@ -97,6 +97,51 @@ def test_on_token_tells_where_each_token_came_from():
     assert seen == {"draft", "corrected", "bonus", "target"}  # target: no room left before a slide
 
 
+class TopTwoTree:
+    """A test proposer of real trees: the draft's two likeliest next tokens, each followed by the
+    draft's greedy continuation (recomputed without a cache). After every round it checks the
+    target's cache against a fresh prefill, like CheckedDraft."""
+    max_candidates = 6
+    forwards = 0
+
+    def __init__(self, draft, recorder):
+        self.draft, self.recorder = draft, recorder
+
+    def start(self, prompt):
+        self.rounds = 0
+
+    def next_logits(self, seq):
+        return self.draft(torch.tensor([seq[-self.draft.config.block_size:]]))[0, -1]
+
+    def propose(self, tokens, max_depth, sampling, generator):
+        candidates, parents = [], []
+        for first in self.next_logits(tokens).topk(2).indices.tolist():
+            candidates.append(first)
+            parents.append(-1)
+            seq = tokens + [first]
+            for _ in range(min(2, max_depth - 1)):
+                seq.append(int(self.next_logits(seq).argmax()))
+                candidates.append(seq[-1])
+                parents.append(len(candidates) - 2)
+        return Candidates(candidates, parents)
+
+    def update(self, tokens, verdict):
+        cache = self.recorder.cache
+        assert_matches_prefill(self.recorder.model, cache, tokens[len(tokens) - 1 - cache.length:-1])
+        self.rounds += 1
+
+
+@pytest.mark.parametrize("draft", ["close", "medium"])
+def test_greedy_tree_speculation_is_token_identical_to_plain(draft):
+    recorder = RecordingTarget(TARGET)
+    proposer = TopTwoTree(DRAFTS[draft], recorder)
+    for prompt in PROMPTS:
+        plain, _ = generate(TARGET, prompt, 60, Sampling())
+        spec, stats = generate(recorder, prompt, 60, Sampling(), proposer=proposer)
+        assert spec == plain and stats.accepted > 0
+    assert proposer.rounds > 20
+
+
 # ---- sampling: exact distribution on toy bigram models -------------------------------------------
 
 VOCAB, LENGTH, FIRST = 4, 4, 0
