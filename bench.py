@@ -42,6 +42,7 @@ def parse_args(argv=None):
     add_sampling_args(p, temperature=0.0)
     p.set_defaults(max_new_tokens=128)
     cli.add_device_args(p)
+    cli.add_attn_arg(p)
     p.add_argument("--profile", action="store_true", help="measure r(n) instead of decoding")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", help="draw measured and predicted draft speedup against k into this PNG "
@@ -115,6 +116,7 @@ def main(argv=None):
     sampling = sampling_from_args(args)
     device = cli.resolve_device(args.device)
     dtype = cli.resolve_dtype(args.dtype, device)
+    cli.use_attn(args.attn, device, dtype)
     model, tokenizer, state = load_model(os.path.join(args.out_dir, "target.pt"), device=device, dtype=dtype)
     block_size = model.config.block_size
     header = dict(command="python " + " ".join(sys.argv), device=device, dtype=str(dtype).removeprefix("torch."),

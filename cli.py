@@ -1,9 +1,11 @@
 """What the command-line tools share: argument parsing, device and dtype choice, error reporting."""
 import argparse
+import importlib.util
 import sys
 
 import torch
 
+import kernels
 from errors import UserError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,3 +52,22 @@ def resolve_dtype(name, device):
     if name is None:
         return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     return DTYPES[name]
+
+
+def add_attn_arg(parser):
+    parser.add_argument("--attn", choices=kernels.BACKENDS, default="auto",
+                        help="attention kernel: triton (CUDA, or TRITON_INTERPRET=1 on the CPU), torch "
+                             "(the PyTorch reference), auto (triton on CUDA, else torch) (default auto)")
+
+
+def use_attn(name, device, dtype):
+    """Make `name` the attention backend of every later forward, if it can run here."""
+    if name == "triton":
+        if importlib.util.find_spec("triton") is None:
+            raise UserError("--attn triton needs the triton package (Linux only): pip install triton")
+        if not kernels.triton_usable(device):
+            raise UserError("--attn triton runs on CUDA; set TRITON_INTERPRET=1 to run it (slowly) on the CPU "
+                            "under Triton's interpreter")
+        if dtype not in kernels.TRITON_DTYPES:
+            raise UserError(f"--attn triton supports float32, float16 and bfloat16, not {dtype}")
+    kernels.set_backend(name)

@@ -95,6 +95,7 @@ def parse_args(argv=None):
                    help="colour each token by where it came from: green an accepted draft token, red the "
                         "target's correction, blue the target's bonus token (only on a terminal)")
     cli.add_device_args(p, dtype_help="default: float32 on CPU, bfloat16 on CUDA; float64 for exactness checks")
+    cli.add_attn_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
     return p.parse_args(argv)
 
@@ -116,6 +117,7 @@ def main(argv=None):
     sampling = sampling_from_args(args)
     device = cli.resolve_device(args.device)
     dtype = cli.resolve_dtype(args.dtype, device)
+    cli.use_attn(args.attn, device, dtype)
     prompt = read_prompt(args)
     model, tokenizer, _ = load_model(os.path.join(args.out_dir, "target.pt"), device=device, dtype=dtype)
     prompt_ids = tokenizer.encode(prompt)

@@ -1,4 +1,49 @@
-"""Attention kernels. The model calls only `attention`, so a faster kernel plugs in here."""
-from kernels.attention import attention
+"""Attention kernels. The model calls only `attention`, so a faster kernel plugs in here.
 
-__all__ = ["attention"]
+Backends: "torch" (kernels/reference.py, PyTorch's scaled_dot_product_attention with an explicit
+mask) and "triton" (kernels/triton_attention.py, one FlashAttention-2-style kernel). "auto" takes
+Triton on CUDA and the reference elsewhere. Triton is imported only when first used, so the project
+runs where it is not installed (it ships Linux wheels only).
+"""
+import importlib.util
+import os
+
+import torch
+
+from kernels.reference import reference_attention
+
+BACKENDS = ("auto", "triton", "torch")
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_backend = "auto"
+
+
+def triton_usable(device):
+    """Whether the Triton kernel can run for tensors on `device`: on CUDA, or anywhere under the
+    interpreter (TRITON_INTERPRET=1, set before triton is imported)."""
+    installed = importlib.util.find_spec("triton") is not None
+    return installed and (torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def set_backend(name):
+    """Choose the backend every later `attention` call uses by default."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; backends: {', '.join(BACKENDS)}")
+    _backend = name
+
+
+def attention(q, k, v, mask=None, backend=None):
+    """Attention of n new queries over P cached + n new keys; see kernels/reference.py for the contract.
+    q: (B, H, n, D); k, v: (B, H, P+n, D); mask: None (causal) or bool (n, n). Returns (B, H, n, D)."""
+    backend = backend or _backend
+    if backend == "auto":
+        backend = "triton" if q.is_cuda and q.dtype in TRITON_DTYPES and triton_usable(q.device) else "torch"
+    if backend == "torch":
+        return reference_attention(q, k, v, mask)
+    if backend != "triton":
+        raise ValueError(f"unknown attention backend {backend!r}; backends: {', '.join(BACKENDS)}")
+    from kernels.triton_attention import triton_attention
+    return triton_attention(q, k, v, mask)
+
+
+__all__ = ["attention", "reference_attention", "set_backend", "triton_usable", "BACKENDS"]

@@ -1,10 +1,14 @@
 """Shared fixtures: tiny models (nanochat-style CPU tests) and a tiny trained checkpoint."""
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # the Triton kernel runs on the CPU under its interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
 
 from model.gpt import GPT, GPTConfig
 
@@ -37,10 +41,10 @@ def assert_matches_prefill(model, cache, tokens):
     torch.testing.assert_close(cache.v[..., :cache.length, :], fresh.v[..., :fresh.length, :], rtol=0, atol=1e-10)
 
 
-def run_cli(*args, timeout=120):
+def run_cli(*args, timeout=120, env=None):
     """Run one of the command-line tools; returns the CompletedProcess."""
     return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="session")

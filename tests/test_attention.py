@@ -1,10 +1,10 @@
-"""kernels.attention against a from-the-definition softmax(QK^T / sqrt(d)) V."""
+"""The PyTorch reference of kernels.attention against a from-the-definition softmax(QK^T / sqrt(d)) V."""
 import math
 
 import pytest
 import torch
 
-from kernels import attention
+from kernels import reference_attention
 
 
 def naive_attention(q, k, v, mask):
@@ -22,10 +22,10 @@ def test_matches_definition(n, prefix):
     k = torch.randn(2, 3, prefix + n, 8, generator=gen, dtype=torch.float64)
     v = torch.randn(2, 3, prefix + n, 8, generator=gen, dtype=torch.float64)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
-    torch.testing.assert_close(attention(q, k, v), naive_attention(q, k, v, causal))
+    torch.testing.assert_close(reference_attention(q, k, v), naive_attention(q, k, v, causal))
     tree = torch.rand(n, n, generator=gen) < 0.5
     tree.fill_diagonal_(True)
-    torch.testing.assert_close(attention(q, k, v, tree), naive_attention(q, k, v, tree))
+    torch.testing.assert_close(reference_attention(q, k, v, tree), naive_attention(q, k, v, tree))
 
 
 def test_strided_cache_views_are_fine():
@@ -33,12 +33,12 @@ def test_strided_cache_views_are_fine():
     cache_v = torch.randn(1, 2, 40, 8, dtype=torch.float64)
     q = torch.randn(1, 2, 3, 8, dtype=torch.float64)
     k, v = cache_k[:, :, :10], cache_v[:, :, :10]
-    torch.testing.assert_close(attention(q, k, v), attention(q, k.contiguous(), v.contiguous()))
+    torch.testing.assert_close(reference_attention(q, k, v), reference_attention(q, k.contiguous(), v.contiguous()))
 
 
 def test_bad_shapes_are_refused():
     q = torch.randn(1, 2, 3, 8)
     with pytest.raises(ValueError):
-        attention(q, torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8))  # fewer keys than queries
+        reference_attention(q, torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8))  # fewer keys than queries
     with pytest.raises(ValueError):
-        attention(q, torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.ones(2, 2, dtype=torch.bool))
+        reference_attention(q, torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.ones(2, 2, dtype=torch.bool))

@@ -1,5 +1,6 @@
 """The command-line tools: they work, and bad input gets one clear line and a non-zero exit."""
 import json
+import os
 
 import pytest
 import torch
@@ -111,3 +112,24 @@ def test_generate_draft_bad_input(tiny_checkpoint, tmp_path):
     state["tokenizer"] = {"kind": "bpe", "merges": state["tokenizer"]["merges"][:-1]}
     torch.save(state, tmp_path / "draft.pt")
     assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "draft"), "another tokenizer")
+
+
+def test_generate_with_the_triton_kernel_says_what_the_reference_says(tiny_checkpoint):
+    pytest.importorskip("triton")
+    texts = []
+    for attn in ("torch", "triton"):  # triton runs under its interpreter here (conftest.py)
+        r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--attn", attn, "--spec", "draft", "--k", "3",
+                    "--temperature", "0", "--max-new-tokens", "12", "--json")
+        assert r.returncode == 0, r.stderr
+        texts.append(json.loads(r.stdout)["text"])
+    assert texts[0] == texts[1]
+
+
+def test_attn_triton_without_cuda_or_interpreter(tiny_checkpoint):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--attn", "triton", env=env)
+    assert_one_line_error(r, "--attn triton")
+    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--attn", "triton", "--dtype", "float64")
+    assert_one_line_error(r, "float64")

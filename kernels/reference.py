@@ -1,4 +1,4 @@
-"""Attention over a committed prefix plus n new positions: the PyTorch reference.
+"""Attention over a committed prefix plus n new positions: the PyTorch reference (and the CPU path).
 
 Every pass of the model goes through `attention`: training and prefill (no prefix), single-token
 decode (n = 1) and speculative verification (n candidates under a tree mask). The prefix is always
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 
-def attention(q, k, v, mask=None):
+def reference_attention(q, k, v, mask=None):
     """Scaled dot-product attention of n new queries over P prefix + n new keys.
 
     q: (B, H, n, D); k, v: (B, H, P+n, D), the cached prefix followed by the n new positions.
