@@ -3,12 +3,14 @@
     python bench.py                           # every method, greedy, 8 prompts from the val split
     python bench.py --temperature 1 --json
     python bench.py --methods draft --k 2,4,auto --plot speedup.png
+    python bench.py --methods lookahead --lookahead 5,3,5 7,4,7
     python bench.py --profile                 # the verify-pass cost curve r(n)
 
 Rows run interleaved round-robin over the prompts (the order rotating from prompt to prompt), so
 machine noise hits every method alike; speedup is each row's tokens/s over plain decoding's in this
 same run. Beside it, the speedup the cost model predicts from the measured tau:
-tau / (r(k+1) + k*c), with r the target's verify-pass cost curve and c the draft's step cost.
+tau / (r(n) + d*c), with r the target's verify-pass cost curve at the mean pass size n, d the draft
+forwards per target forward and c the draft's step cost (for k draft guesses: r(k+1) + k*c).
 """
 import json
 import os
@@ -18,14 +20,16 @@ import torch
 
 import cli
 from data import read_text, split_text
-from decode import SPEC_METHODS, DraftModel, Plain, generate
+from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Plain, PromptLookup, generate
 from decode.cost import cost_curve, forward_seconds
 from decode.stats import DecodeStats
 from errors import UserError
-from generate import add_sampling_args, load_draft, parse_k, sampling_from_args
+from generate import LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, parse_k, sampling_from_args
 from model.checkpoint import load_model
 
 DEFAULT_KS = "1,2,3,4,5,6,7,8,auto,heuristic"
+DEFAULT_LOOKAHEAD = ["2,2,2", "3,3,3", "5,3,5", "7,4,7"]  # W,N,G
+DEFAULT_JACOBI = [2, 5]
 
 
 def parse_args(argv=None):
@@ -37,6 +41,10 @@ def parse_args(argv=None):
                    help=f"comma-separated, from: {', '.join(SPEC_METHODS)} (default: every method whose "
                         "checkpoint exists); plain decoding always runs, as the baseline")
     p.add_argument("--k", default=DEFAULT_KS, help=f"draft rows: values of --k (default {DEFAULT_KS})")
+    p.add_argument("--lookahead", nargs="+", default=DEFAULT_LOOKAHEAD, metavar="W,N,G",
+                   help=f"lookahead rows, besides the default (default {' '.join(DEFAULT_LOOKAHEAD)})")
+    p.add_argument("--jacobi", nargs="+", type=int, default=DEFAULT_JACOBI, metavar="W",
+                   help=f"jacobi rows: windows (default {' '.join(map(str, DEFAULT_JACOBI))})")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=64, help="prompt length in tokens (default 64)")
     add_sampling_args(p, temperature=0.0)
@@ -126,7 +134,8 @@ def main(argv=None):
         return 0
 
     if args.methods is None:
-        methods = ["none"] + (["draft"] if os.path.exists(os.path.join(args.out_dir, "draft.pt")) else [])
+        has_draft = os.path.exists(os.path.join(args.out_dir, "draft.pt"))
+        methods = [m for m in SPEC_METHODS if m != "draft" or has_draft]
     else:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in SPEC_METHODS]
@@ -137,18 +146,30 @@ def main(argv=None):
     if not 1 <= args.prompt_len <= block_size:
         raise UserError(f"--prompt-len must be between 1 and the model's context of {block_size}")
 
-    proposers, ks = {"none": Plain()}, {"none": None}
-    cost = {}
-    if "draft" in methods:
-        draft = load_draft(args.out_dir, tokenizer, device, dtype)
-        values = [v.strip() for v in args.k.split(",") if v.strip()]
-        for value in values:
-            k, schedule = parse_k(value)
-            proposers[f"draft k={value}"] = DraftModel(draft, k, schedule, target=model)
-            ks[f"draft k={value}"] = k if schedule == "fixed" else None
-        max_k = max(k for k in ks.values() if k is not None) if any(ks.values()) else 1
-        cost["r"], step = cost_curve(model, max_k + 1, block_size // 2)
-        cost["c"] = forward_seconds(draft, 1, draft.config.block_size // 2) / step
+    proposers = {"none": Plain()}
+    draft = load_draft(args.out_dir, tokenizer, device, dtype) if "draft" in methods else None
+    if draft is not None:
+        for value in [v.strip() for v in args.k.split(",") if v.strip()]:
+            proposers[f"draft k={value}"] = DraftModel(draft, *parse_k(value), target=model)
+    if "jacobi" in methods:
+        for window in args.jacobi:
+            proposers[f"jacobi W={window}"] = Jacobi(model, window)
+    if "lookahead" in methods:
+        configs = [",".join(map(str, LOOKAHEAD_DEFAULT))] + [c for c in args.lookahead
+                                                            if c != ",".join(map(str, LOOKAHEAD_DEFAULT))]
+        for config in configs:
+            try:
+                window, ngram, guesses = (int(x) for x in config.split(","))
+            except ValueError:
+                raise UserError(f"--lookahead takes W,N,G triples like 5,3,5, got {config!r}") from None
+            default = " (default)" if config == configs[0] else ""
+            proposers[f"lookahead {config}{default}"] = Lookahead(model, window, ngram, guesses)
+    if "ngram" in methods:
+        proposers["ngram"] = PromptLookup()
+    max_pass = min(64, max(p.max_candidates for p in proposers.values()) + 1)
+    cost = dict(r=cost_curve(model, max_pass, block_size - 64 if block_size > 64 else 0)[0])
+    if draft is not None:
+        cost["c"] = forward_seconds(draft, 1, draft.config.block_size // 2) / forward_seconds(model, 1, block_size // 2)
 
     text = read_text(args.data or state.get("data"))
     prompts = held_out_prompts(tokenizer, text, args.num_prompts, args.prompt_len, args.seed)
@@ -157,10 +178,12 @@ def main(argv=None):
     base = totals["none"].tokens_per_s
     rows = []
     for label, s in totals.items():
-        k = ks[label]
-        predicted = s.tau / (cost["r"][k] + k * cost["c"]) if k is not None else None
+        mean_pass = s.pass_tokens / s.target_forwards
+        r = cost["r"][min(len(cost["r"]), round(mean_pass)) - 1]  # r(n) at the mean pass size
+        predicted = s.tau / (r + cost.get("c", 0.0) * s.draft_forwards / s.target_forwards)
+        k = getattr(proposers[label], "k_start", None) if getattr(proposers[label], "schedule", "") == "fixed" else None
         rows.append(dict(method=label, k=k, tau=s.tau, alpha=s.alpha, target_forwards=s.target_forwards,
-                         draft_forwards=s.draft_forwards, tokens_per_s=s.tokens_per_s,
+                         draft_forwards=s.draft_forwards, mean_pass=mean_pass, tokens_per_s=s.tokens_per_s,
                          speedup=s.tokens_per_s / base, predicted_speedup=predicted, new_tokens=s.new_tokens))
     if args.plot:
         plot(rows, args.plot)
@@ -173,16 +196,14 @@ def main(argv=None):
           f"{header['threads']} threads)")
     print(f"# {args.num_prompts} held-out prompts x {args.prompt_len} tokens, {args.max_new_tokens} new tokens each, "
           f"{'greedy' if sampling.greedy else f'temperature {args.temperature}'}")
-    if cost:
-        print(f"# cost model: draft step c = {cost['c']:.3f} target steps; r(2..{len(cost['r'])}) = "
-              + " ".join(f"{r:.2f}" for r in cost["r"][1:]))
-    print(f"{'method':<22}{'tau':>6}{'alpha':>7}{'target fw':>11}{'draft fw':>10}{'tokens/s':>10}"
+    print("# cost model: " + (f"draft step c = {cost['c']:.3f} target steps; " if "c" in cost else "")
+          + f"r(2..{len(cost['r'])}) = " + " ".join(f"{r:.2f}" for r in cost["r"][1:]))
+    print(f"{'method':<28}{'tau':>6}{'alpha':>7}{'target fw':>11}{'draft fw':>10}{'pass':>6}{'tokens/s':>10}"
           f"{'speedup':>9}{'predicted':>11}")
     for r in rows:
         alpha = "-" if r["alpha"] is None else f"{r['alpha']:.2f}"
-        predicted = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x"
-        print(f"{r['method']:<22}{r['tau']:>6.2f}{alpha:>7}{r['target_forwards']:>11}{r['draft_forwards']:>10}"
-              f"{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{predicted:>11}")
+        print(f"{r['method']:<28}{r['tau']:>6.2f}{alpha:>7}{r['target_forwards']:>11}{r['draft_forwards']:>10}"
+              f"{r['mean_pass']:>6.1f}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{r['predicted_speedup']:>10.2f}x")
     return 0
 
 

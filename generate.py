@@ -3,6 +3,7 @@
     python generate.py --prompt "ROMEO:" --max-new-tokens 300
     python generate.py --prompt "ROMEO:" --temperature 0 --dtype float64 --json
     python generate.py --spec draft --k 4 --compare --show
+    python generate.py --spec lookahead --window 5 --ngram 3 --guesses 5 --compare
 
 An empty prompt starts from a newline, the way a play's text starts a new line.
 """
@@ -13,7 +14,7 @@ import sys
 import torch
 
 import cli
-from decode import SPEC_METHODS, DraftModel, Plain, generate
+from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Plain, PromptLookup, generate
 from decode.sampling import Sampling
 from errors import UserError
 from model.checkpoint import load_model
@@ -22,6 +23,8 @@ MAX_NEW_TOKENS = 100_000  # beyond this a typo is likelier than intent
 EMPTY_PROMPT = "\n"
 SOURCE_COLOURS = {"draft": "\033[32m", "corrected": "\033[31m", "bonus": "\033[34m"}  # ANSI colours
 RESET = "\033[0m"
+JACOBI_WINDOW = 5
+LOOKAHEAD_DEFAULT = (5, 3, 5)  # W, N, G
 
 
 def add_sampling_args(p, temperature=0.8):
@@ -46,10 +49,24 @@ def sampling_from_args(args):
     return Sampling(args.temperature, args.top_k, args.top_p)
 
 
-def add_draft_args(p):
-    p.add_argument("--k", default="4",
-                   help="draft guesses per round: a number, 'auto' (chosen each round from the measured "
+def add_method_args(p):
+    g = p.add_argument_group("speculative methods")
+    g.add_argument("--k", default="4",
+                   help="draft: guesses per round: a number, 'auto' (chosen each round from the measured "
                         "costs and acceptance) or 'heuristic' (Hugging Face's schedule) (default 4)")
+    g.add_argument("--window", type=int, default=None,
+                   help=f"lookahead: window columns W (default {LOOKAHEAD_DEFAULT[0]}); jacobi: guesses per "
+                        f"pass (default {JACOBI_WINDOW})")
+    g.add_argument("--ngram", type=int, default=LOOKAHEAD_DEFAULT[1],
+                   help=f"lookahead: n-gram size N, so N-1 Jacobi levels (default {LOOKAHEAD_DEFAULT[1]})")
+    g.add_argument("--guesses", type=int, default=LOOKAHEAD_DEFAULT[2],
+                   help=f"lookahead: at most G pool n-grams verified per pass (default {LOOKAHEAD_DEFAULT[2]})")
+    g.add_argument("--pool-from-prompt", action="store_true", help="lookahead: seed the n-gram pool from the prompt")
+    g.add_argument("--match-len", type=int, default=3,
+                   help="ngram: longest suffix to look up in the context (default 3)")
+    g.add_argument("--num-proposed", type=int, default=5, help="ngram: tokens proposed per match (default 5)")
+    g.add_argument("--num-matches", type=int, default=2,
+                   help="ngram: continuations verified together as a tree (default 2)")
 
 
 def parse_k(value, k_max=16):
@@ -73,11 +90,24 @@ def load_draft(out_dir, tokenizer, device, dtype):
     return draft
 
 
-def make_proposer(spec, k_value, model, draft=None):
+def make_proposer(spec, args, model, draft=None):
+    """The proposer of `spec`, configured from the method flags of add_method_args."""
+    for flag in ("window", "ngram", "guesses", "match_len", "num_proposed", "num_matches"):
+        value = getattr(args, flag)
+        if value is not None and not 1 <= value <= 64:
+            raise UserError(f"--{flag.replace('_', '-')} must be between 1 and 64, got {value}")
     if spec == "none":
         return Plain()
-    k, schedule = parse_k(k_value)
-    return DraftModel(draft, k, schedule, target=model)
+    if spec == "draft":
+        k, schedule = parse_k(args.k)
+        return DraftModel(draft, k, schedule, target=model)
+    if spec == "jacobi":
+        return Jacobi(model, args.window or JACOBI_WINDOW)
+    if spec == "lookahead":
+        if args.ngram < 2:
+            raise UserError("--ngram must be at least 2 for lookahead (N = 2 is Jacobi decoding with a pool)")
+        return Lookahead(model, args.window or LOOKAHEAD_DEFAULT[0], args.ngram, args.guesses, args.pool_from_prompt)
+    return PromptLookup(args.match_len, args.num_proposed, args.num_matches)
 
 
 def parse_args(argv=None):
@@ -87,7 +117,7 @@ def parse_args(argv=None):
     p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
     add_sampling_args(p)
     p.add_argument("--spec", choices=SPEC_METHODS, default="none", help="speculative method (default: none)")
-    add_draft_args(p)
+    add_method_args(p)
     p.add_argument("--compare", action="store_true",
                    help="also decode plainly with the same settings and seed; report the speedup and, "
                         "for greedy, whether the texts are identical")
@@ -126,7 +156,7 @@ def main(argv=None):
                         f"{model.config.block_size}: shorten it")
 
     draft = load_draft(args.out_dir, tokenizer, device, dtype) if args.spec == "draft" else None
-    proposer = make_proposer(args.spec, args.k, model, draft)
+    proposer = make_proposer(args.spec, args, model, draft)
 
     def decode(proposer, on_token=None):
         torch.manual_seed(args.seed)
@@ -165,7 +195,9 @@ def main(argv=None):
     line = (f"[{args.spec}] {stats.new_tokens} new tokens | {stats.target_forwards} target forwards | "
             f"tau {stats.tau:.2f}")
     if stats.alpha is not None:
-        line += f" | alpha {stats.alpha:.2f} | {stats.draft_forwards} draft forwards"
+        line += f" | alpha {stats.alpha:.2f}"
+    if stats.draft_forwards:
+        line += f" | {stats.draft_forwards} draft forwards"
     line += f" | {stats.tokens_per_s:.1f} tokens/s | {chars_per_s:.1f} chars/s"
     if args.compare:
         line += f"\n[none] {result['plain_tokens_per_s']:.1f} tokens/s | speedup {result['speedup']:.2f}x"

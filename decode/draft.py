@@ -44,6 +44,7 @@ class DraftModel:
         self.window_start = self.cached = 0  # the draft's cache holds tokens[window_start:cached]
         self.forwards = 0
         self.k = self.k_start
+        self.k_used = 0  # guesses proposed this round
         self.accepted = self.judged = 0
 
     def choose_k(self):
@@ -85,7 +86,9 @@ class DraftModel:
         self.k_used = k
         return Candidates.chain(guesses, torch.stack(draft_probs) if draft_probs else None)
 
-    def update(self, tokens, verdict):
+    def update(self, tokens, verdict, hidden):
+        if not self.k_used:  # nothing was proposed this round (no room before a slide)
+            return
         kept = min(len(verdict.path), self.k_used - 1)  # accepted guesses the draft has already seen
         self.cache.rollback(self.root_length + kept)
         self.cached += kept
@@ -93,3 +96,4 @@ class DraftModel:
         self.judged += verdict.judged
         if self.schedule == "heuristic":
             self.k = min(self.k_max, self.k + 2) if len(verdict.path) == self.k_used else max(1, self.k - 1)
+        self.k_used = 0

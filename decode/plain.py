@@ -8,7 +8,7 @@ this draws from (sampling), only with fewer target forwards.
 
 
 class Plain:
-    max_candidates = 0
+    max_candidates = 0  # the most tokens a round adds to the verify pass besides the root
     forwards = 0  # no draft model, no draft forwards
 
     def start(self, prompt):
@@ -17,5 +17,5 @@ class Plain:
     def propose(self, tokens, max_depth, sampling, generator):
         return None
 
-    def update(self, tokens, verdict):
+    def update(self, tokens, verdict, hidden):
         pass

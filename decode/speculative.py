@@ -7,7 +7,8 @@ Each round:
      token) and all candidates, under the tree mask, positions = prefix length + depth;
   3. the shared verifier picks the accepted path and the target's next token;
   4. the cache commits the root and that path; everything else in the pass is dropped;
-  5. the method updates its own state (a draft model rolls its cache back).
+  5. the method updates its own state (a draft model rolls its cache back; Medusa heads read the
+     target's final hidden states of this pass).
 Plain decoding is the degenerate case: no candidates, one new token per target forward.
 
 Past the context window: the model has block_size learned positions. When the root would no
@@ -24,7 +25,7 @@ import torch
 from decode.plain import Plain
 from decode.sampling import token_probs
 from decode.stats import DecodeStats
-from decode.tree import Candidates, verify_mask
+from decode.tree import Candidates, pass_mask
 from decode.verify import verify_greedy, verify_sampling
 
 
@@ -58,16 +59,21 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         remaining = max_new_tokens - (len(tokens) - len(prompt))
         depth_limit = min(room, remaining - 1)  # the pass adds one token of its own
         candidates = proposer.propose(tokens, depth_limit, sampling, generator) if depth_limit > 0 else None
-        candidates = candidates or NO_CANDIDATES
-        idx = torch.tensor([tail + candidates.tokens], device=device)
+        candidates = NO_CANDIDATES if candidates is None else candidates
+        side = candidates.side.tokens if candidates.side else []
+        idx = torch.tensor([tail + candidates.tokens + side], device=device)
         pos = mask = None  # a chain needs neither: it is a causal run of consecutive positions
         if not candidates.is_chain():
-            mask = verify_mask(candidates.parents, len(tail)).to(device)
-            depth = torch.tensor(candidates.depths(), device=device)
-            pos = torch.cat([torch.arange(cache.length, cache.length + len(tail), device=device),
-                             cache.length + len(tail) - 1 + depth])
-        logits = model(idx, cache, pos=pos, mask=mask)[0, len(tail) - 1:]  # (1+n, vocab): root, candidates
+            mask = pass_mask(candidates, len(tail)).to(device)
+            root_pos = cache.length + len(tail) - 1
+            offsets = candidates.depths() + (candidates.side.offsets if side else [])
+            pos = torch.cat([torch.arange(cache.length, root_pos + 1, device=device),
+                             root_pos + torch.tensor(offsets, dtype=torch.long, device=device)])
+        logits, hidden = model(idx, cache, pos=pos, mask=mask, return_hidden=True)
+        # rows [root, candidates..., side...]; the verifier reads the root's and the candidates'
+        logits, hidden = logits[0, len(tail) - 1:len(tail) + len(candidates)], hidden[0, len(tail) - 1:]
         stats.target_forwards += 1
+        stats.pass_tokens += len(logits) + len(side)
         verdict = (verify_greedy(logits, candidates) if sampling.greedy
                    else verify_sampling(token_probs(logits, sampling), candidates, generator))
         cache.commit(list(range(len(tail))) + [len(tail) - 1 + c for c in verdict.path])
@@ -81,8 +87,7 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
                 on_token(token, source)
         stats.drafted += verdict.judged
         stats.accepted += len(verdict.path)
-        if depth_limit > 0:
-            proposer.update(tokens, verdict)
+        proposer.update(tokens, verdict, hidden)
     stats.new_tokens = len(tokens) - len(prompt)
     stats.draft_forwards = proposer.forwards
     stats.seconds = time.perf_counter() - started

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 class DecodeStats:
     new_tokens: int = 0
     target_forwards: int = 0  # every pass of the target, prefill and re-prefills included
+    pass_tokens: int = 0      # tokens checked or carried per pass: root, candidates, side branch
     draft_forwards: int = 0
     drafted: int = 0          # draft tokens the verifier judged
     accepted: int = 0         # of those, the ones it kept

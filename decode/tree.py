@@ -13,21 +13,47 @@ import torch
 
 
 @dataclass
+class SideBranch:
+    """Tokens that ride along in the verify pass without being candidates: lookahead decoding's
+    Jacobi window. They see the committed context and the root, never the candidates (nor the
+    candidates them); among themselves they see what `mask` allows. Their K/V is never committed;
+    the proposer reads their outputs from the pass's hidden states."""
+    tokens: list
+    offsets: list          # position of each token relative to the root's (>= 1)
+    mask: torch.Tensor     # bool (m, m) among the side tokens
+
+
+@dataclass
 class Candidates:
     tokens: list           # candidate tokens, every parent listed before its children
     parents: list          # each candidate's parent candidate, -1 for the root
     draft_probs: torch.Tensor | None = None  # (n, vocab): the distribution each candidate was drawn
     #                                          from; None when candidates are deterministic guesses
+    side: SideBranch | None = None
 
     @classmethod
     def chain(cls, tokens, draft_probs=None):
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), draft_probs)
 
+    @classmethod
+    def from_sequences(cls, sequences):
+        """Deterministic guesses as a trie under the root: shared prefixes become shared nodes."""
+        tokens, parents, children = [], [], {}  # children[(parent, token)] = node
+        for seq in sequences:
+            node = -1
+            for token in seq:
+                if (node, token) not in children:
+                    children[(node, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                node = children[(node, token)]
+        return cls(tokens, parents)
+
     def __len__(self):
         return len(self.tokens)
 
     def is_chain(self):
-        return self.parents == list(range(-1, len(self) - 1))
+        return self.parents == list(range(-1, len(self) - 1)) and self.side is None
 
     def depths(self):
         """Depth of each candidate: 1 for children of the root."""
@@ -58,3 +84,16 @@ def verify_mask(parents, tail=1):
             mask[row, tail:] = mask[tail + p, tail:]
         mask[row, row] = True
     return mask
+
+
+def pass_mask(candidates, tail):
+    """verify_mask, widened by the side branch: it sees the tail (root included) and itself only."""
+    mask = verify_mask(candidates.parents, tail)
+    if candidates.side is None:
+        return mask
+    m, width = len(candidates.side.tokens), tail + len(candidates)
+    full = torch.zeros(width + m, width + m, dtype=torch.bool)
+    full[:width, :width] = mask
+    full[width:, :tail] = True
+    full[width:, width:] = candidates.side.mask
+    return full

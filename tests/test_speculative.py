@@ -70,8 +70,8 @@ class RecordingTarget(torch.nn.Module):
 class CheckedDraft(DraftModel):
     """After every round, both caches must equal fresh prefills of the tokens they claim to hold."""
 
-    def update(self, tokens, verdict):
-        super().update(tokens, verdict)
+    def update(self, tokens, verdict, hidden):
+        super().update(tokens, verdict, hidden)
         target = self.recorder.cache  # holds every accepted token but the newest
         assert_matches_prefill(self.recorder.model, target, tokens[len(tokens) - 1 - target.length:-1])
         assert_matches_prefill(self.draft, self.cache, tokens[self.window_start:self.cached])
@@ -125,7 +125,7 @@ class TopTwoTree:
                 parents.append(len(candidates) - 2)
         return Candidates(candidates, parents)
 
-    def update(self, tokens, verdict):
+    def update(self, tokens, verdict, hidden):
         cache = self.recorder.cache
         assert_matches_prefill(self.recorder.model, cache, tokens[len(tokens) - 1 - cache.length:-1])
         self.rounds += 1
@@ -171,7 +171,7 @@ class ToyTree:
         return Candidates([a, b, 3, c, 0], [-1, -1, -1, 0, 0],
                           torch.stack([q_root, q_root, one_hot(3), q_a, one_hot(0)]))
 
-    def update(self, tokens, verdict):
+    def update(self, tokens, verdict, hidden):
         pass
 
 
@@ -179,12 +179,13 @@ def one_hot(token):
     return torch.nn.functional.one_hot(torch.tensor(token), VOCAB).double()
 
 
-def sample_counts(make_proposer, sampling, n, seed=0):
+def sample_counts(make_proposer, sampling, n, seed=0, prompt=(FIRST,)):
+    """Counts of the LENGTH-token continuations of `prompt` (which must end in FIRST)."""
     target = ToyBigram(TARGET_TABLE)
     gen = torch.Generator().manual_seed(seed)
     counts = collections.Counter()
     for _ in range(n):
-        new, _ = generate(target, [FIRST], LENGTH, sampling, gen, proposer=make_proposer())
+        new, _ = generate(target, list(prompt), LENGTH, sampling, gen, proposer=make_proposer())
         counts[tuple(new)] += 1
     return counts
 

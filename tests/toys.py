@@ -22,15 +22,17 @@ class ToyBigram(torch.nn.Module):
         super().__init__()
         self.table = table.double()  # (V, V): row = current token, columns = next-token logits
         self.config = SimpleNamespace(block_size=block_size, vocab_size=table.size(0))
+        self.lm_head = torch.nn.Identity()  # its "hidden states" are already logits
 
     def new_cache(self, batch_size=1, scratch=256):
         return KVCache(1, batch_size, 1, 1, self.config.block_size + scratch, dtype=torch.float64)
 
-    def forward(self, idx, cache=None, pos=None, mask=None):
+    def forward(self, idx, cache=None, pos=None, mask=None, return_hidden=False):
         if cache is not None:
             placeholder = torch.zeros(idx.size(0), 1, idx.size(1), 1, dtype=torch.float64)
             cache.write(0, placeholder, placeholder)
-        return self.table[idx]
+        logits = self.table[idx]  # (B, n, V)
+        return (logits, logits) if return_hidden else logits  # the logits stand in for hidden states
 
 
 def random_table(vocab, seed, scale=1.5):

@@ -1,0 +1,119 @@
+"""Jacobi, lookahead and prompt-lookup decoding: exact, and their masks as the paper draws them."""
+import pytest
+import torch
+
+import decode.verify
+from decode import Jacobi, Lookahead, PromptLookup, generate
+from decode.lookahead import lookahead_mask
+from decode.sampling import Sampling
+from decode.tree import Candidates, SideBranch, pass_mask
+from tests.conftest import assert_matches_prefill
+from tests.test_speculative import (FIRST, LENGTH, N, PROMPTS, TARGET, TARGET_TABLE, RecordingTarget, chi_square,
+                                    chi_square_critical, direct_tv_quantile, exact_joint, sample_counts,
+                                    total_variation)
+from tests.toys import ToyBigram
+
+METHODS = {
+    "jacobi W=3": lambda model: Jacobi(model, 3),
+    "jacobi W=6": lambda model: Jacobi(model, 6),
+    "lookahead 2,2,2": lambda model: Lookahead(model, 2, 2, 2),
+    "lookahead 4,3,3": lambda model: Lookahead(model, 4, 3, 3),
+    "lookahead 5,4,5 pool-from-prompt": lambda model: Lookahead(model, 5, 4, 5, pool_from_prompt=True),
+    "ngram": lambda model: PromptLookup(),
+    "ngram 2,3,1": lambda model: PromptLookup(2, 3, 1),
+}
+
+
+def checked(proposer, recorder):
+    """Wrap a proposer so that after every round the target's cache is checked against a fresh prefill."""
+    update = proposer.update
+
+    def update_and_check(tokens, verdict, hidden):
+        update(tokens, verdict, hidden)
+        cache = recorder.cache  # holds every accepted token but the newest
+        assert_matches_prefill(recorder.model, cache, tokens[len(tokens) - 1 - cache.length:-1])
+        proposer.rounds += 1
+
+    proposer.update, proposer.rounds = update_and_check, 0
+    return proposer
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_greedy_is_token_identical_to_plain_and_the_cache_stays_exact(name):
+    recorder = RecordingTarget(TARGET)
+    proposer = checked(METHODS[name](TARGET), recorder)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain, _ = generate(TARGET, prompt, 60, Sampling())
+        spec, stats = generate(recorder, prompt, 60, Sampling(), proposer=proposer)
+        assert spec == plain  # nothing of the window or the pool leaks into the output
+        accepted += stats.accepted
+    assert proposer.rounds > 40
+    if not name.startswith("jacobi"):  # repetitive tiny-model text: pools and lookups must hit
+        assert accepted > 0
+
+
+def test_lookahead_mask_matches_the_paper():
+    # W = 3, N = 3 (two levels): level 0 causal along the window; level 1 sees level 0 up to its
+    # column and itself (its column has no other level above level 0)
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(lookahead_mask(3, 2), expected)
+    # three levels: level 2 also sees level 1 of its own column
+    assert lookahead_mask(2, 3)[2 * 2 + 1].tolist() == [True, True, False, True, False, True]
+
+
+def test_the_whole_pass_mask_keeps_the_branches_apart():
+    # root, a verification branch of two 2-grams sharing nothing, a lookahead window W=2 N=2
+    candidates = Candidates.from_sequences([[7, 8], [9, 10]])
+    candidates.side = SideBranch([1, 2], [1, 2], lookahead_mask(2, 1))
+    expected = torch.tensor([
+        # root 7  8  9  10 w0 w1
+        [1, 0, 0, 0, 0, 0, 0],  # root
+        [1, 1, 0, 0, 0, 0, 0],  # 7
+        [1, 1, 1, 0, 0, 0, 0],  # 8 (after 7)
+        [1, 0, 0, 1, 0, 0, 0],  # 9
+        [1, 0, 0, 1, 1, 0, 0],  # 10 (after 9)
+        [1, 0, 0, 0, 0, 1, 0],  # window column 0
+        [1, 0, 0, 0, 0, 1, 1],  # window column 1
+    ], dtype=torch.bool)
+    assert torch.equal(pass_mask(candidates, tail=1), expected)
+    assert candidates.depths() == [1, 2, 1, 2]
+
+
+def test_prompt_lookup_proposes_the_continuations_of_the_latest_matches():
+    tokens = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 0, 2, 3]
+    candidates = PromptLookup(max_match=3, num_proposed=2, num_matches=2).propose(tokens, 8, Sampling(), None)
+    # the longest suffix with an earlier occurrence is [2, 3] (twice, not [0, 2, 3]): most recent first
+    assert candidates.tokens == [5, 6, 4, 9] and candidates.parents == [-1, 0, -1, 2]
+    assert PromptLookup().propose([1, 2, 3], 8, Sampling(), None) is None
+
+
+# a prompt that seeds the pool and the lookups with n-grams of every token, so that nearly every
+# round has candidates to accept or reject; it ends in FIRST, and a bigram model forgets the rest
+SEEDING_PROMPT = (1, 2, 3, 0, 2, 1, 0, 3, 3, 1, 1, 2, 2, 0, 0, 1, 3, 2, FIRST)
+SAMPLED = {
+    "lookahead": lambda: Lookahead(ToyBigram(TARGET_TABLE), 2, 3, 3, pool_from_prompt=True),
+    "ngram": lambda: PromptLookup(2, 3, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLED))
+@pytest.mark.parametrize("wrong", [False, True])
+def test_sampling_is_exact_and_a_wrong_verifier_is_caught(name, wrong, monkeypatch):
+    if wrong:
+        monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
+    sampling = Sampling(temperature=1.0)
+    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
+    counts = sample_counts(SAMPLED[name], sampling, N, prompt=SEEDING_PROMPT)
+    stat, df = chi_square(counts, joint, N)
+    if wrong:
+        assert stat > 3 * chi_square_critical(df)
+    else:
+        assert stat < chi_square_critical(df), f"chi-square {stat:.0f} with {df} degrees of freedom"
+        assert total_variation(counts, joint, N) < direct_tv_quantile(joint, N)
