@@ -24,12 +24,14 @@ from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Plain, PromptLoo
 from decode.cost import cost_curve, forward_seconds
 from decode.stats import DecodeStats
 from errors import UserError
-from generate import LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, parse_k, sampling_from_args
+from generate import (LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, load_heads, medusa_proposer, parse_k,
+                      sampling_from_args)
 from model.checkpoint import load_model
 
 DEFAULT_KS = "1,2,3,4,5,6,7,8,auto,heuristic"
-DEFAULT_LOOKAHEAD = ["2,2,2", "3,3,3", "5,3,5", "7,4,7"]  # W,N,G
+DEFAULT_LOOKAHEAD = ["3,3,3", "5,3,5", "7,4,7"]  # W,N,G
 DEFAULT_JACOBI = [2, 5]
+DEFAULT_TREES = [4, 8, 32]
 
 
 def parse_args(argv=None):
@@ -43,6 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--k", default=DEFAULT_KS, help=f"draft rows: values of --k (default {DEFAULT_KS})")
     p.add_argument("--lookahead", nargs="+", default=DEFAULT_LOOKAHEAD, metavar="W,N,G",
                    help=f"lookahead rows, besides the default (default {' '.join(DEFAULT_LOOKAHEAD)})")
+    p.add_argument("--trees", nargs="+", type=int, default=DEFAULT_TREES, metavar="N",
+                   help=f"medusa rows: tree sizes besides chain and the saved tree (default "
+                        f"{' '.join(map(str, DEFAULT_TREES))})")
     p.add_argument("--jacobi", nargs="+", type=int, default=DEFAULT_JACOBI, metavar="W",
                    help=f"jacobi rows: windows (default {' '.join(map(str, DEFAULT_JACOBI))})")
     p.add_argument("--num-prompts", type=int, default=8)
@@ -134,8 +139,8 @@ def main(argv=None):
         return 0
 
     if args.methods is None:
-        has_draft = os.path.exists(os.path.join(args.out_dir, "draft.pt"))
-        methods = [m for m in SPEC_METHODS if m != "draft" or has_draft]
+        needs = {"draft": "draft.pt", "medusa": "medusa.pt"}  # methods with a checkpoint of their own
+        methods = [m for m in SPEC_METHODS if m not in needs or os.path.exists(os.path.join(args.out_dir, needs[m]))]
     else:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in SPEC_METHODS]
@@ -166,6 +171,13 @@ def main(argv=None):
             proposers[f"lookahead {config}{default}"] = Lookahead(model, window, ngram, guesses)
     if "ngram" in methods:
         proposers["ngram"] = PromptLookup()
+    if "medusa" in methods:
+        heads, medusa_state = load_heads(args.out_dir, model, tokenizer, device, dtype)
+        proposers["medusa chain"] = medusa_proposer(heads, medusa_state, "chain")
+        proposers[f"medusa tree={len(medusa_state['tree'])} (saved)"] = medusa_proposer(heads, medusa_state)
+        for size in args.trees:
+            proposers[f"medusa tree={size}"] = medusa_proposer(heads, medusa_state, tree_size=size)
+        proposers["medusa typical (LOSSY)"] = medusa_proposer(heads, medusa_state, typical=True)
     max_pass = min(64, max(p.max_candidates for p in proposers.values()) + 1)
     cost = dict(r=cost_curve(model, max_pass, block_size - 64 if block_size > 64 else 0)[0])
     if draft is not None:

@@ -4,6 +4,7 @@
     python generate.py --prompt "ROMEO:" --temperature 0 --dtype float64 --json
     python generate.py --spec draft --k 4 --compare --show
     python generate.py --spec lookahead --window 5 --ngram 3 --guesses 5 --compare
+    python generate.py --spec medusa --tree-size 32 --compare
 
 An empty prompt starts from a newline, the way a play's text starts a new line.
 """
@@ -14,17 +15,19 @@ import sys
 import torch
 
 import cli
-from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Plain, PromptLookup, generate
+from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Medusa, Plain, PromptLookup, generate
+from decode.medusa import build_tree
 from decode.sampling import Sampling
 from errors import UserError
 from model.checkpoint import load_model
+from model.medusa import load_medusa
 
 MAX_NEW_TOKENS = 100_000  # beyond this a typo is likelier than intent
 EMPTY_PROMPT = "\n"
 SOURCE_COLOURS = {"draft": "\033[32m", "corrected": "\033[31m", "bonus": "\033[34m"}  # ANSI colours
 RESET = "\033[0m"
 JACOBI_WINDOW = 5
-LOOKAHEAD_DEFAULT = (5, 3, 5)  # W, N, G
+LOOKAHEAD_DEFAULT = (2, 2, 2)  # W, N, G: the fastest measured here (README), still slower than plain
 
 
 def add_sampling_args(p, temperature=0.8):
@@ -67,6 +70,13 @@ def add_method_args(p):
     g.add_argument("--num-proposed", type=int, default=5, help="ngram: tokens proposed per match (default 5)")
     g.add_argument("--num-matches", type=int, default=2,
                    help="ngram: continuations verified together as a tree (default 2)")
+    g.add_argument("--tree", choices=["default", "chain"], default="default",
+                   help="medusa: the tree saved with the heads, or the top-1 of each head as a chain")
+    g.add_argument("--tree-size", type=int, default=None,
+                   help="medusa: build a tree of this many candidates from the heads' measured accuracies")
+    g.add_argument("--typical", action="store_true",
+                   help="medusa: typical acceptance (epsilon 0.09, delta 0.3). LOSSY: faster when sampling, "
+                        "but no longer samples the target's distribution exactly")
 
 
 def parse_k(value, k_max=16):
@@ -90,8 +100,26 @@ def load_draft(out_dir, tokenizer, device, dtype):
     return draft
 
 
-def make_proposer(spec, args, model, draft=None):
-    """The proposer of `spec`, configured from the method flags of add_method_args."""
+def load_heads(out_dir, model, tokenizer, device, dtype):
+    """(Medusa heads, their checkpoint dict) for this target."""
+    return load_medusa(os.path.join(out_dir, "medusa.pt"), model, tokenizer, device, dtype)
+
+
+def medusa_proposer(heads, state, tree="default", tree_size=None, typical=False):
+    if tree == "chain":
+        paths = "chain"
+    elif tree_size is not None:
+        if not 1 <= tree_size <= 256:
+            raise UserError(f"--tree-size must be between 1 and 256, got {tree_size}")
+        paths = build_tree(state["accuracies"], tree_size)
+    else:
+        paths = state["tree"]
+    return Medusa(heads, paths, typical=(0.09, 0.3) if typical else None)
+
+
+def make_proposer(spec, args, model, draft=None, medusa=None):
+    """The proposer of `spec`, configured from the method flags of add_method_args; `draft` is the
+    draft model, `medusa` the (heads, checkpoint dict) pair, for the methods that need them."""
     for flag in ("window", "ngram", "guesses", "match_len", "num_proposed", "num_matches"):
         value = getattr(args, flag)
         if value is not None and not 1 <= value <= 64:
@@ -107,6 +135,8 @@ def make_proposer(spec, args, model, draft=None):
         if args.ngram < 2:
             raise UserError("--ngram must be at least 2 for lookahead (N = 2 is Jacobi decoding with a pool)")
         return Lookahead(model, args.window or LOOKAHEAD_DEFAULT[0], args.ngram, args.guesses, args.pool_from_prompt)
+    if spec == "medusa":
+        return medusa_proposer(*medusa, args.tree, args.tree_size, args.typical)
     return PromptLookup(args.match_len, args.num_proposed, args.num_matches)
 
 
@@ -156,7 +186,8 @@ def main(argv=None):
                         f"{model.config.block_size}: shorten it")
 
     draft = load_draft(args.out_dir, tokenizer, device, dtype) if args.spec == "draft" else None
-    proposer = make_proposer(args.spec, args, model, draft)
+    medusa = load_heads(args.out_dir, model, tokenizer, device, dtype) if args.spec == "medusa" else None
+    proposer = make_proposer(args.spec, args, model, draft, medusa)
 
     def decode(proposer, on_token=None):
         torch.manual_seed(args.seed)
@@ -179,7 +210,8 @@ def main(argv=None):
     new_ids, stats = decode(proposer, on_token)
     text = tokenizer.decode(new_ids)
     chars_per_s = len(text) / stats.seconds if stats.seconds else 0.0
-    result = dict(text=text, prompt=prompt, spec=args.spec, new_tokens=stats.new_tokens,
+    result = dict(text=text, prompt=prompt, spec=args.spec, lossy=bool(args.spec == "medusa" and args.typical),
+                  new_tokens=stats.new_tokens,
                   target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
                   tokens_per_s=stats.tokens_per_s, chars_per_s=chars_per_s, seconds=stats.seconds,
                   tau=stats.tau, alpha=stats.alpha)
@@ -192,7 +224,8 @@ def main(argv=None):
         print(json.dumps(result))
         return 0
     print(decoder.flush())
-    line = (f"[{args.spec}] {stats.new_tokens} new tokens | {stats.target_forwards} target forwards | "
+    lossy = " (typical acceptance: LOSSY)" if result["lossy"] else ""
+    line = (f"[{args.spec}{lossy}] {stats.new_tokens} new tokens | {stats.target_forwards} target forwards | "
             f"tau {stats.tau:.2f}")
     if stats.alpha is not None:
         line += f" | alpha {stats.alpha:.2f}"

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import cli
 from data import TokenData, read_text, split_text
 from errors import UserError
+from medusa_train import train_medusa
 from model.checkpoint import load_checkpoint, load_model, save_checkpoint
 from model.gpt import GPT, GPTConfig, PRESETS
 from model.tokenizer import Tokenizer
@@ -36,12 +37,14 @@ TRAIN_PRESETS = {
                   eval_interval=200, eval_iters=20),
 }
 DEFAULT_VOCAB_SIZE = 512
+MEDUSA_ITERS = 1000
+MEDUSA_TREE_SIZE = 4  # the fastest measured tree here (README)
 
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--what", choices=["all", "target", "draft"], default="all",
-                   help="which model to train (default all: the target, then the draft)")
+    p.add_argument("--what", choices=["all", "target", "draft", "medusa"], default="all",
+                   help="which model to train (default all: the target, then the draft, then Medusa heads)")
     p.add_argument("--data", default=None, help="UTF-8 text file (default: tiny Shakespeare, downloaded to data/)")
     p.add_argument("--out-dir", default="out", help="where checkpoints go (default: out)")
     p.add_argument("--preset", default=None, help=f"model and optimiser preset: {', '.join(PRESETS)} "
@@ -59,6 +62,16 @@ def parse_args(argv=None):
     p.add_argument("--distill", action=cli.argparse.BooleanOptionalAction, default=True,
                    help="train the draft on the target's predicted distributions instead of the data's next "
                         "tokens, so that it learns to agree with the target (default: on)")
+    g = p.add_argument_group("Medusa heads")
+    g.add_argument("--medusa-heads", type=int, default=4, help="how many heads (default 4)")
+    g.add_argument("--medusa-tied", action="store_true",
+                   help="share the target's output projection instead of giving each head its own copy")
+    g.add_argument("--medusa-joint", action="store_true",
+                   help="Medusa-2: train the target with the heads (saved as medusa-target.pt)")
+    g.add_argument("--medusa-iters", type=int, default=MEDUSA_ITERS,
+                   help=f"training iterations of the heads (default {MEDUSA_ITERS})")
+    g.add_argument("--tree-size", type=int, default=MEDUSA_TREE_SIZE,
+                   help=f"candidates in the saved Medusa tree (default {MEDUSA_TREE_SIZE})")
     g = p.add_argument_group("overrides of the preset")
     for name in ("block_size", "n_layer", "n_head", "n_embd"):
         g.add_argument("--" + name.replace("_", "-"), type=int)
@@ -145,9 +158,29 @@ def main(argv=None):
     if args.preset is not None and args.preset not in PRESETS:
         raise UserError(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
     text = read_text(args.data)
-    for kind in (["target", "draft"] if args.what == "all" else [args.what]):
-        train_model(kind, args, text, device, dtype)
+    for kind in (["target", "draft", "medusa"] if args.what == "all" else [args.what]):
+        if kind == "medusa":
+            train_heads(args, text, device, dtype)
+        else:
+            train_model(kind, args, text, device, dtype)
     return 0
+
+
+def train_heads(args, text, device, dtype):
+    """Train OUT_DIR/medusa.pt on the frozen target of OUT_DIR/target.pt (or jointly with it)."""
+    out_path = os.path.join(args.out_dir, "medusa.pt")
+    if os.path.exists(out_path) and not args.resume:
+        raise UserError(f"{out_path} exists: remove it or use another --out-dir")
+    if os.path.exists(out_path):
+        print(f"{out_path} exists; Medusa heads are trained in one go, so there is nothing to resume")
+        return
+    target, tokenizer, _ = load_model(os.path.join(args.out_dir, "target.pt"), device=device, dtype=dtype)
+    train_text, val_text = split_text(text)
+    train = TokenData(tokenizer.encode(train_text), len(train_text), "train")
+    val = TokenData(tokenizer.encode(val_text), len(val_text), "val")
+    train_medusa(target, tokenizer, train, val, out_path, n_heads=args.medusa_heads, tied=args.medusa_tied,
+                 max_iters=args.max_iters or args.medusa_iters, joint=args.medusa_joint, device=device,
+                 seed=args.seed, tree_size=args.tree_size)
 
 
 def train_model(kind, args, text, device, dtype):

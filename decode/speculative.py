@@ -48,6 +48,7 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
     cache = model.new_cache(scratch=proposer.max_candidates + 1)
     device = cache.k.device
     proposer.start(prompt)
+    lossy_verify = getattr(proposer, "verify", None)
     tokens = list(prompt)
     window_start, cached = 0, 0  # the cache holds tokens[window_start:cached]
     while len(tokens) - len(prompt) < max_new_tokens:
@@ -74,8 +75,12 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         logits, hidden = logits[0, len(tail) - 1:len(tail) + len(candidates)], hidden[0, len(tail) - 1:]
         stats.target_forwards += 1
         stats.pass_tokens += len(logits) + len(side)
-        verdict = (verify_greedy(logits, candidates) if sampling.greedy
-                   else verify_sampling(token_probs(logits, sampling), candidates, generator))
+        if lossy_verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
+            verdict = lossy_verify(logits, candidates, sampling, generator)
+        elif sampling.greedy:
+            verdict = verify_greedy(logits, candidates)
+        else:
+            verdict = verify_sampling(token_probs(logits, sampling), candidates, generator)
         cache.commit(list(range(len(tail))) + [len(tail) - 1 + c for c in verdict.path])
         cached = len(tokens) + len(verdict.path)
         accepted = [candidates.tokens[c - 1] for c in verdict.path]

@@ -133,3 +133,30 @@ def test_attn_triton_without_cuda_or_interpreter(tiny_checkpoint):
     assert_one_line_error(r, "--attn triton")
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--attn", "triton", "--dtype", "float64")
     assert_one_line_error(r, "float64")
+
+
+@pytest.mark.parametrize("tree", [["--tree", "chain"], [], ["--tree-size", "8"]])
+def test_generate_medusa_compare_is_identical_to_plain(tiny_checkpoint, tree):
+    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--spec", "medusa", *tree, "--compare",
+                "--temperature", "0", "--dtype", "float64", "--max-new-tokens", "80", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["identical_to_plain"] is True and out["lossy"] is False and out["draft_forwards"] == 0
+
+
+def test_generate_medusa_typical_is_labelled_lossy(tiny_checkpoint):
+    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--spec", "medusa", "--typical",
+                "--max-new-tokens", "20")
+    assert r.returncode == 0, r.stderr
+    assert "LOSSY" in r.stderr
+
+
+def test_medusa_heads_of_another_target_are_refused(tiny_checkpoint, tmp_path):
+    (tmp_path / "medusa.pt").write_bytes((tiny_checkpoint / "medusa.pt").read_bytes())
+    state = torch.load(tiny_checkpoint / "target.pt", weights_only=True)
+    state["model"]["transformer.ln_f.bias"] += 1.0  # another target
+    torch.save(state, tmp_path / "target.pt")
+    r = run_cli("generate.py", "--out-dir", tmp_path, "--spec", "medusa")
+    assert_one_line_error(r, "another target")
+    (tmp_path / "medusa.pt").unlink()
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "medusa"), "--what medusa")

@@ -1,0 +1,121 @@
+"""Medusa heads (Cai et al. 2024): extra next-next-token predictors on the target's last hidden state.
+
+The target's own lm_head turns the final hidden state at position t into the distribution of token
+t+1. Medusa head i turns the same hidden state into a guess at token t+i+2: head 0 guesses the token
+after next, head 1 the one after that, and so on. One target forward thus yields the next token and
+K guesses beyond it, with no draft model and no extra forward.
+
+Each head is a residual block h + SiLU(W h) followed by its own vocabulary projection. W starts at
+zero and the projection as a copy of the target's lm_head, so an untrained head starts out saying
+exactly what the target says about the next token, a far better start than random for a guess at
+the token after it. With tied=True every head reuses the target's lm_head (fewer parameters, and
+nothing to train but the K residual blocks).
+
+A heads file only makes sense with the target it was trained on, so it records the target's
+fingerprint and `load_medusa` refuses any other target.
+"""
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from errors import UserError
+from model.checkpoint import load_checkpoint, save_checkpoint
+
+RETRAIN = "python train.py --what medusa"
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    n_heads: int = 4
+    tied: bool = False  # share the target's lm_head instead of a copy per head
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x), with W zero-initialized so that the block starts as the identity."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.linear = nn.Linear(n_embd, n_embd)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x):
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, target, config=MedusaConfig()):
+        super().__init__()
+        self.config = config
+        n_embd, vocab_size = target.config.n_embd, target.config.vocab_size
+        # one module per head: `[ResBlock(n)] * K` would be K references to a single block
+        self.blocks = nn.ModuleList([ResBlock(n_embd) for _ in range(config.n_heads)])
+        if config.tied:
+            # a plain tuple keeps the target's lm_head out of this module's parameters and state
+            # dict: the target owns it, moves it and saves it
+            self.shared_head = (target.lm_head,)
+        else:
+            self.lm_heads = nn.ModuleList([nn.Linear(n_embd, vocab_size, bias=False) for _ in range(config.n_heads)])
+        p = target.lm_head.weight
+        self.to(device=p.device, dtype=p.dtype)  # before the copies, which must not round through float32
+        if not config.tied:
+            with torch.no_grad():
+                for head in self.lm_heads:
+                    head.weight.copy_(p)
+
+    @property
+    def n_heads(self):
+        return self.config.n_heads
+
+    def forward(self, hidden):
+        """Logits (K, B, T, vocab) of heads 0..K-1 from the target's final hidden states (B, T, C)."""
+        heads = self.shared_head * self.n_heads if self.config.tied else self.lm_heads
+        return torch.stack([head(block(hidden)) for block, head in zip(self.blocks, heads)])  # (K, B, T, V)
+
+
+# Weights are hashed at float32 (exact for float32 and float64 targets) and at each half precision,
+# as a target loaded in bf16/fp16 has lost the bits a float32 hash would need.
+FINGERPRINT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def target_fingerprint(model, tokenizer, dtype=torch.float32):
+    """A short hash of the target's weights (cast to `dtype`, in name order) and tokenizer spec."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        t = tensor.detach().to(dtype).cpu()
+        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())  # numpy has no bf16
+    h.update(json.dumps(tokenizer.spec, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def _fingerprint_as_loaded(model, tokenizer):
+    """The fingerprint of a target as it is now, under the dtype key it was stored with."""
+    dtype = model.lm_head.weight.dtype
+    key = dtype if dtype in FINGERPRINT_DTYPES[1:] else torch.float32  # float64 casts back exactly
+    return str(key), target_fingerprint(model, tokenizer, key)
+
+
+def save_medusa(path, heads, target_model, tokenizer, **extra):
+    """Write the heads atomically, with the target's fingerprint (and `extra`: accuracies, tree, ...)."""
+    fingerprints = {str(d): target_fingerprint(target_model, tokenizer, d) for d in FINGERPRINT_DTYPES}
+    save_checkpoint(path, heads, tokenizer, kind="medusa", target=fingerprints, **extra)
+
+
+def load_medusa(path, target_model, tokenizer, device="cpu", dtype=torch.float32):
+    """(heads in eval mode, raw checkpoint dict) for `target_model`, whose file must be the one the
+    heads were trained on. The dict also holds the measured 'accuracies' and the chosen 'tree'."""
+    if not os.path.exists(path):
+        raise UserError(f"no Medusa heads at {path}: train them with {RETRAIN}")
+    state = load_checkpoint(path, kind="medusa")
+    key, fingerprint = _fingerprint_as_loaded(target_model, tokenizer)
+    if state["target"].get(key) != fingerprint:
+        raise UserError(f"{path} was trained for another target model: retrain with {RETRAIN}")
+    heads = MedusaHeads(target_model, MedusaConfig(**state["config"]))
+    heads.load_state_dict(state["model"])
+    return heads.to(device=device, dtype=dtype).eval(), state
