@@ -200,12 +200,13 @@ def main(argv=None):
         colours = SOURCE_COLOURS if args.show and sys.stdout.isatty() else {}
         sys.stdout.write(prompt)
 
-        def on_token(token, source):
+        def print_token(token, source):
             text = decoder.push(token)
             if text and source in colours:
                 text = f"{colours[source]}{text}{RESET}"
             sys.stdout.write(text)
             sys.stdout.flush()
+        on_token = print_token
 
     new_ids, stats = decode(proposer, on_token)
     text = tokenizer.decode(new_ids)

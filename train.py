@@ -12,7 +12,6 @@ trained.
 import math
 import os
 import time
-from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F

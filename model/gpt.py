@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from kernels import attention
 from model.kv_cache import KVCache

@@ -24,9 +24,7 @@ from model.checkpoint import load_model
 from model.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from model.tokenizer import Tokenizer
 from tests.conftest import assert_matches_prefill, tiny_model
-from tests.test_speculative import (PROMPTS, TARGET_TABLE, FIRST, LENGTH, N, RecordingTarget,
-                                    direct_tv_quantile, sample_counts)
-from tests.toys import chi_square, chi_square_critical, exact_joint, total_variation
+from tests.test_speculative import PROMPTS, TARGET_TABLE, RecordingTarget, sampled_fit
 
 TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
 TOKENIZER = Tokenizer({"kind": "bpe", "merges": []})
@@ -291,35 +289,24 @@ SETTINGS = {
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_sampling_preserves_the_target_distribution(name):
-    make_proposer, sampling = SETTINGS[name]
-    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
-    counts = sample_counts(make_proposer, sampling, N)
-    stat, df = chi_square(counts, joint, N)
-    assert stat < chi_square_critical(df), f"chi-square {stat:.0f} with {df} degrees of freedom"
-    assert total_variation(counts, joint, N) < direct_tv_quantile(joint, N)
+    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
+    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_a_wrong_verifier_is_caught(name, monkeypatch):
     # after a rejection, resample from p instead of the residual (p with the rejected token removed)
     monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
-    make_proposer, sampling = SETTINGS[name]
-    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
-    counts = sample_counts(make_proposer, sampling, N)
-    stat, df = chi_square(counts, joint, N)
-    assert stat > 3 * chi_square_critical(df)
-    assert total_variation(counts, joint, N) > 2 * direct_tv_quantile(joint, N)
+    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
+    assert stat > 3 * critical and tv > 2 * tv_limit
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_typical_acceptance_changes_the_distribution(name):
     make_proposer, sampling = SETTINGS[name]
-    typical_proposer = lambda: Medusa(TOY_HEADS, make_proposer().paths, typical=TYPICAL)
-    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
-    counts = sample_counts(typical_proposer, sampling, N)
-    stat, df = chi_square(counts, joint, N)
-    assert stat > 3 * chi_square_critical(df)
-    assert total_variation(counts, joint, N) > 2 * direct_tv_quantile(joint, N)
+    stat, critical, tv, tv_limit = sampled_fit(lambda: Medusa(TOY_HEADS, make_proposer().paths, typical=TYPICAL),
+                                               sampling)
+    assert stat > 3 * critical and tv > 2 * tv_limit
 
 
 def test_typical_rule_at_one_node():

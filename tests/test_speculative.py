@@ -88,12 +88,13 @@ def test_caches_equal_fresh_prefills_after_every_round(sampling):
 
 
 def test_on_token_tells_where_each_token_came_from():
+    seen = set()
     for prompt in PROMPTS:
         sources = []
         new, _ = generate(TARGET, prompt, 60, Sampling(), proposer=DraftModel(DRAFTS["medium"], 4),
                           on_token=lambda token, source: sources.append(source))
         assert len(sources) == 60
-        seen = seen | set(sources) if prompt != PROMPTS[0] else set(sources)
+        seen |= set(sources)
     assert seen == {"draft", "corrected", "bonus", "target"}  # target: no room left before a slide
 
 
@@ -145,6 +146,7 @@ def test_greedy_tree_speculation_is_token_identical_to_plain(draft):
 # ---- sampling: exact distribution on toy bigram models -------------------------------------------
 
 VOCAB, LENGTH, FIRST = 4, 4, 0
+N = 6000  # continuations drawn per statistical test
 TARGET_TABLE, DRAFT_TABLE = random_table(VOCAB, seed=11), random_table(VOCAB, seed=12)
 
 
@@ -198,38 +200,39 @@ def direct_tv_quantile(joint, n, quantile=0.999, repeats=2000):
     return float(np.quantile(0.5 * np.abs(counts / n - probs).sum(axis=1), quantile))
 
 
+def sampled_fit(make_proposer, sampling, n=N, prompt=(FIRST,), seed=0):
+    """How n decoded continuations fit the exact joint: (chi-square statistic, its 0.999 critical
+    value, total-variation distance, the 0.999 quantile of that distance under exact sampling)."""
+    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
+    counts = sample_counts(make_proposer, sampling, n, seed, prompt)
+    stat, df = chi_square(counts, joint, n)
+    return stat, chi_square_critical(df), total_variation(counts, joint, n), direct_tv_quantile(joint, n)
+
+
 SETTINGS = {
     "chain, temperature 1": (lambda: DraftModel(ToyBigram(DRAFT_TABLE), k=3), Sampling(temperature=1.0)),
     "chain, top-k top-p": (lambda: DraftModel(ToyBigram(DRAFT_TABLE), k=2),
                            Sampling(temperature=0.7, top_k=3, top_p=0.9)),
     "tree, mixed candidates": (lambda: ToyTree(DRAFT_TABLE), Sampling(temperature=1.2)),
 }
-N = 6000
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_sampling_preserves_the_target_distribution(name):
     make_proposer, sampling = SETTINGS[name]
-    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
-    counts = sample_counts(make_proposer, sampling, N)
-    stat, df = chi_square(counts, joint, N)
-    assert stat < chi_square_critical(df), f"chi-square {stat:.0f} with {df} degrees of freedom"
-    # the distance to the exact joint shrinks like that of direct sampling: at N/4 and at N draws
-    first_quarter = sample_counts(make_proposer, sampling, N // 4, seed=1)
-    for n, c in ((N // 4, first_quarter), (N, counts)):
-        assert total_variation(c, joint, n) < direct_tv_quantile(joint, n)
+    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling)
+    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
+    # the distance to the exact joint shrinks like that of direct sampling: at N/4 draws too
+    _, _, tv, tv_limit = sampled_fit(make_proposer, sampling, N // 4, seed=1)
+    assert tv < tv_limit
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_a_wrong_verifier_is_caught(name, monkeypatch):
     # the classic mistake: after a rejection, resample from p instead of the residual max(0, p - q)
     monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
-    make_proposer, sampling = SETTINGS[name]
-    joint = exact_joint(TARGET_TABLE, sampling, FIRST, LENGTH)
-    counts = sample_counts(make_proposer, sampling, N)
-    stat, df = chi_square(counts, joint, N)
-    assert stat > 3 * chi_square_critical(df)
-    assert total_variation(counts, joint, N) > 2 * direct_tv_quantile(joint, N)
+    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
+    assert stat > 3 * critical and tv > 2 * tv_limit
 
 
 @pytest.mark.parametrize("k", [1, 4])
