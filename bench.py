@@ -24,9 +24,7 @@ from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Plain, PromptLoo
 from decode.cost import cost_curve, forward_seconds
 from decode.stats import DecodeStats
 from errors import UserError
-from generate import (LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, load_heads, medusa_proposer, parse_k,
-                      sampling_from_args)
-from model.checkpoint import load_model
+from generate import LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, load_heads, medusa_proposer, parse_k, setup
 
 DEFAULT_KS = "1,2,3,4,5,6,7,8,auto,heuristic"
 DEFAULT_LOOKAHEAD = ["3,3,3", "5,3,5", "7,4,7"]  # W,N,G
@@ -126,11 +124,7 @@ def plot(rows, path):
 
 def main(argv=None):
     args = parse_args(argv)
-    sampling = sampling_from_args(args)
-    device = cli.resolve_device(args.device)
-    dtype = cli.resolve_dtype(args.dtype, device)
-    cli.use_attn(args.attn, device, dtype)
-    model, tokenizer, state = load_model(os.path.join(args.out_dir, "target.pt"), device=device, dtype=dtype)
+    sampling, device, dtype, model, tokenizer, state = setup(args)
     block_size = model.config.block_size
     header = dict(command="python " + " ".join(sys.argv), device=device, dtype=str(dtype).removeprefix("torch."),
                   params_millions=round(model.num_params() / 1e6, 2), threads=torch.get_num_threads())

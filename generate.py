@@ -172,14 +172,21 @@ def read_prompt(args):
         raise UserError(f"prompt file {args.prompt_file} is not UTF-8 text") from None
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def setup(args):
+    """What generate.py and bench.py both start from: (Sampling, device, dtype, target model,
+    tokenizer, target checkpoint dict), with the attention backend chosen."""
     sampling = sampling_from_args(args)
     device = cli.resolve_device(args.device)
     dtype = cli.resolve_dtype(args.dtype, device)
     cli.use_attn(args.attn, device, dtype)
+    model, tokenizer, state = load_model(os.path.join(args.out_dir, "target.pt"), device=device, dtype=dtype)
+    return sampling, device, dtype, model, tokenizer, state
+
+
+def main(argv=None):
+    args = parse_args(argv)
     prompt = read_prompt(args)
-    model, tokenizer, _ = load_model(os.path.join(args.out_dir, "target.pt"), device=device, dtype=dtype)
+    sampling, device, dtype, model, tokenizer, _ = setup(args)
     prompt_ids = tokenizer.encode(prompt)
     if len(prompt_ids) > model.config.block_size:
         raise UserError(f"the prompt is {len(prompt_ids)} tokens, longer than the model's context of "
