@@ -9,8 +9,9 @@
 Rows run interleaved round-robin over the prompts (the order rotating from prompt to prompt), so
 machine noise hits every method alike; speedup is each row's tokens/s over plain decoding's in this
 same run. Beside it, the speedup the cost model predicts from the measured tau:
-tau / (r(n) + d*c), with r the target's verify-pass cost curve at the mean pass size n, d the draft
-forwards per target forward and c the draft's step cost (for k draft guesses: r(k+1) + k*c).
+tau / (mean r(n) + d*c), with r(n) the target's verify-pass cost curve at each pass's size n
+(averaged over the passes, whose sizes vary for sized lookahead), d the draft forwards per target
+forward and c the draft's step cost (for k draft guesses: r(k+1) + k*c).
 """
 import json
 import os
@@ -24,10 +25,11 @@ from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Plain, PromptLoo
 from decode.cost import cost_curve, forward_seconds
 from decode.stats import DecodeStats
 from errors import UserError
-from generate import LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, load_heads, medusa_proposer, parse_k, setup
+from generate import (LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, load_heads, medusa_proposer, parse_k,
+                      setup, sized_lookahead)
 
 DEFAULT_KS = "1,2,3,4,5,6,7,8,auto,heuristic"
-DEFAULT_LOOKAHEAD = ["3,3,3", "5,3,5", "7,4,7"]  # W,N,G
+DEFAULT_LOOKAHEAD = ["2,2,2", "5,3,5", "7,4,7"]  # W,N,G, fixed sizes
 DEFAULT_JACOBI = [2, 5]
 DEFAULT_TREES = [4, 8, 32]
 
@@ -42,7 +44,10 @@ def parse_args(argv=None):
                         "checkpoint exists); plain decoding always runs, as the baseline")
     p.add_argument("--k", default=DEFAULT_KS, help=f"draft rows: values of --k (default {DEFAULT_KS})")
     p.add_argument("--lookahead", nargs="+", default=DEFAULT_LOOKAHEAD, metavar="W,N,G",
-                   help=f"lookahead rows, besides the default (default {' '.join(DEFAULT_LOOKAHEAD)})")
+                   help=f"lookahead rows with fixed sizes, besides the sized default (default "
+                        f"{' '.join(DEFAULT_LOOKAHEAD)})")
+    p.add_argument("--sized", action="store_true",
+                   help="also a sized (--sizing auto) lookahead row within each --lookahead W,N,G")
     p.add_argument("--trees", nargs="+", type=int, default=DEFAULT_TREES, metavar="N",
                    help=f"medusa rows: tree sizes besides chain and the saved tree (default "
                         f"{' '.join(map(str, DEFAULT_TREES))})")
@@ -154,15 +159,18 @@ def main(argv=None):
         for window in args.jacobi:
             proposers[f"jacobi W={window}"] = Jacobi(model, window)
     if "lookahead" in methods:
-        configs = [",".join(map(str, LOOKAHEAD_DEFAULT))] + [c for c in args.lookahead
-                                                            if c != ",".join(map(str, LOOKAHEAD_DEFAULT))]
-        for config in configs:
+        proposers[f"lookahead auto {','.join(map(str, LOOKAHEAD_DEFAULT))} (default)"] = sized_lookahead(
+            model, *LOOKAHEAD_DEFAULT)
+        for config in args.lookahead:
             try:
                 window, ngram, guesses = (int(x) for x in config.split(","))
             except ValueError:
                 raise UserError(f"--lookahead takes W,N,G triples like 5,3,5, got {config!r}") from None
-            default = " (default)" if config == configs[0] else ""
-            proposers[f"lookahead {config}{default}"] = Lookahead(model, window, ngram, guesses)
+            if not (1 <= window <= 64 and 2 <= ngram <= 64 and 1 <= guesses <= 64):
+                raise UserError(f"--lookahead {config}: W and G must be 1 to 64, N 2 to 64")
+            proposers[f"lookahead {config}"] = Lookahead(model, window, ngram, guesses)
+            if args.sized:
+                proposers[f"lookahead auto {config}"] = sized_lookahead(model, window, ngram, guesses)
     if "ngram" in methods:
         proposers["ngram"] = PromptLookup()
     if "medusa" in methods:
@@ -184,12 +192,10 @@ def main(argv=None):
     base = totals["none"].tokens_per_s
     rows = []
     for label, s in totals.items():
-        mean_pass = s.pass_tokens / s.target_forwards
-        r = cost["r"][min(len(cost["r"]), round(mean_pass)) - 1]  # r(n) at the mean pass size
-        predicted = s.tau / (r + cost.get("c", 0.0) * s.draft_forwards / s.target_forwards)
+        predicted = s.tau / (s.pass_cost(cost["r"]) + cost.get("c", 0.0) * s.draft_forwards / s.target_forwards)
         k = getattr(proposers[label], "k_start", None) if getattr(proposers[label], "schedule", "") == "fixed" else None
         rows.append(dict(method=label, k=k, tau=s.tau, alpha=s.alpha, target_forwards=s.target_forwards,
-                         draft_forwards=s.draft_forwards, mean_pass=mean_pass, tokens_per_s=s.tokens_per_s,
+                         draft_forwards=s.draft_forwards, mean_pass=s.mean_pass, tokens_per_s=s.tokens_per_s,
                          speedup=s.tokens_per_s / base, predicted_speedup=predicted, new_tokens=s.new_tokens))
     if args.plot:
         plot(rows, args.plot)

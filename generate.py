@@ -16,6 +16,7 @@ import torch
 
 import cli
 from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Medusa, Plain, PromptLookup, generate
+from decode.cost import cost_curve, extended
 from decode.medusa import build_tree
 from decode.sampling import Sampling
 from errors import UserError
@@ -27,7 +28,7 @@ EMPTY_PROMPT = "\n"
 SOURCE_COLOURS = {"draft": "\033[32m", "corrected": "\033[31m", "bonus": "\033[34m"}  # ANSI colours
 RESET = "\033[0m"
 JACOBI_WINDOW = 5
-LOOKAHEAD_DEFAULT = (2, 2, 2)  # W, N, G: the fastest measured here (README), still slower than plain
+LOOKAHEAD_DEFAULT = (2, 2, 2)  # W, N, G: the bounds a sized pass works within (chosen by measurement, README)
 
 
 def add_sampling_args(p, temperature=0.8):
@@ -65,6 +66,11 @@ def add_method_args(p):
     g.add_argument("--guesses", type=int, default=LOOKAHEAD_DEFAULT[2],
                    help=f"lookahead: at most G pool n-grams verified per pass (default {LOOKAHEAD_DEFAULT[2]})")
     g.add_argument("--pool-from-prompt", action="store_true", help="lookahead: seed the n-gram pool from the prompt")
+    g.add_argument("--sizing", choices=["auto", "fixed"], default="auto",
+                   help="lookahead: auto sizes every pass from this machine's measured cost curve r(n) and the "
+                        "acceptance so far, carrying the window and the n-grams only while they pay for "
+                        "themselves, down to a plain step; fixed carries all of W, N, G every pass, as in "
+                        "the paper (default auto)")
     g.add_argument("--match-len", type=int, default=3,
                    help="ngram: longest suffix to look up in the context (default 3)")
     g.add_argument("--num-proposed", type=int, default=5, help="ngram: tokens proposed per match (default 5)")
@@ -117,6 +123,15 @@ def medusa_proposer(heads, state, tree="default", tree_size=None, typical=False)
     return Medusa(heads, paths, typical=(0.09, 0.3) if typical else None)
 
 
+def sized_lookahead(model, window, ngram, guesses, pool_from_prompt=False, sizing="auto"):
+    """Lookahead with fixed sizes, or sized every pass from the cost curve measured here and now."""
+    cost = None
+    if sizing == "auto":
+        largest_pass, half = (window + guesses) * (ngram - 1) + 1, model.config.block_size // 2
+        cost = extended(cost_curve(model, min(largest_pass, half), half, repeats=5, tree=True)[0], largest_pass)
+    return Lookahead(model, window, ngram, guesses, pool_from_prompt, cost)
+
+
 def make_proposer(spec, args, model, draft=None, medusa=None):
     """The proposer of `spec`, configured from the method flags of add_method_args; `draft` is the
     draft model, `medusa` the (heads, checkpoint dict) pair, for the methods that need them."""
@@ -134,7 +149,8 @@ def make_proposer(spec, args, model, draft=None, medusa=None):
     if spec == "lookahead":
         if args.ngram < 2:
             raise UserError("--ngram must be at least 2 for lookahead (N = 2 is Jacobi decoding with a pool)")
-        return Lookahead(model, args.window or LOOKAHEAD_DEFAULT[0], args.ngram, args.guesses, args.pool_from_prompt)
+        return sized_lookahead(model, args.window or LOOKAHEAD_DEFAULT[0], args.ngram, args.guesses,
+                               args.pool_from_prompt, args.sizing)
     if spec == "medusa":
         return medusa_proposer(*medusa, args.tree, args.tree_size, args.typical)
     return PromptLookup(args.match_len, args.num_proposed, args.num_matches)

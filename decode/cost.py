@@ -4,35 +4,93 @@ r(n) = time of one forward with n new tokens / time with 1. On a GPU r(n) stays 
 (the weights are read once either way), which is why speculation pays; on a small CPU model it
 grows sooner, and it decides whether checking k guesses at once can beat k plain steps at all.
 """
+import itertools
 import statistics
 import time
 
 import torch
 
+from decode.tree import verify_mask
+
+
+def _prefilled_cache(model, prefix, scratch, generator):
+    cache = model.new_cache(scratch=scratch)
+    if prefix:
+        idx = torch.randint(model.config.vocab_size, (1, prefix), generator=generator)
+        model(idx.to(cache.k.device), cache)
+        cache.commit()
+    return cache
+
+
+def _time_pass(model, cache, idx, prefix, tree=False):
+    t0 = time.perf_counter()
+    if tree:  # as the loop runs a tree pass: a mask built for it and explicit positions
+        n = idx.size(1)
+        mask = verify_mask(list(range(-1, n - 2))).to(idx.device)
+        model(idx, cache, pos=torch.arange(prefix, prefix + n, device=idx.device), mask=mask)
+    else:
+        model(idx, cache)
+    if cache.k.device.type == "cuda":
+        torch.cuda.synchronize()
+    cache.rollback(prefix)  # a verify pass that keeps nothing
+    return time.perf_counter() - t0
+
 
 @torch.inference_mode()
 def forward_seconds(model, n, prefix, repeats=7, generator=None):
     """Median wall time of one forward with n new tokens after `prefix` cached tokens."""
-    cache = model.new_cache(scratch=n)
-    device = cache.k.device
-    vocab = model.config.vocab_size
-    if prefix:
-        model(torch.randint(vocab, (1, prefix), generator=generator).to(device), cache)
-        cache.commit()
-    idx = torch.randint(vocab, (1, n), generator=generator).to(device)
-    samples = []
-    for _ in range(repeats + 1):  # the first run warms up
-        t0 = time.perf_counter()
-        model(idx, cache)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t0)
-        cache.rollback(prefix)  # a verify pass that keeps nothing
+    cache = _prefilled_cache(model, prefix, n, generator)
+    idx = torch.randint(model.config.vocab_size, (1, n), generator=generator).to(cache.k.device)
+    samples = [_time_pass(model, cache, idx, prefix) for _ in range(repeats + 1)]  # the first warms up
     return statistics.median(samples[1:])
 
 
-def cost_curve(model, max_n, prefix, repeats=7):
-    """[r(1), ..., r(max_n)] after `prefix` cached tokens, and the seconds of r(1)."""
+@torch.inference_mode()
+def cost_curve(model, max_n, prefix, repeats=7, tree=False):
+    """[r(1), ..., r(max_n)] after `prefix` cached tokens, and the seconds of r(1). tree=True times
+    passes of n > 1 tokens as tree passes (mask and positions built and applied), chains otherwise.
+    The sizes are timed round-robin, so that a drift in the machine's speed hits them alike, and the
+    medians are made non-decreasing: a pass does not get cheaper by growing, and a noisy dip must not
+    lure a sizing rule into passes that are dearer than they look."""
     gen = torch.Generator().manual_seed(0)
-    seconds = [forward_seconds(model, n, prefix, repeats, gen) for n in range(1, max_n + 1)]
-    return [s / seconds[0] for s in seconds], seconds[0]
+    cache = _prefilled_cache(model, prefix, max_n, gen)
+    inputs = [torch.randint(model.config.vocab_size, (1, n), generator=gen).to(cache.k.device)
+              for n in range(1, max_n + 1)]
+    samples = [[] for _ in inputs]
+    for repeat in range(repeats + 1):
+        for idx, times in zip(inputs, samples):
+            seconds = _time_pass(model, cache, idx, prefix, tree and idx.size(1) > 1)
+            if repeat:  # the first round warms up
+                times.append(seconds)
+    medians = list(itertools.accumulate(map(statistics.median, samples), max))
+    return [m / medians[0] for m in medians], medians[0]
+
+
+class ReachTally:
+    """How deep the verifier's accepted path reaches, counted over the passes so far:
+    reach(d) estimates P(at least d candidates accepted | the candidates offered went d deep), so
+    that sum(reach(1..D)) is the expected number of accepted candidates when offering depth D.
+    Before any pass it assumes reach(d) = prior^d, worth `weight` passes: optimistic enough that
+    every depth gets tried before the counts take over."""
+
+    def __init__(self, max_depth, prior=0.5, weight=2):
+        self.hits, self.tries = [0] * (max_depth + 1), [0] * (max_depth + 1)
+        self.prior, self.weight = prior, weight
+
+    def reach(self, depth):
+        return (self.hits[depth] + self.prior ** depth * self.weight) / (self.tries[depth] + self.weight)
+
+    def expected(self, depth):
+        return sum(self.reach(d) for d in range(1, depth + 1))
+
+    def record(self, offered, accepted):
+        for d in range(1, offered + 1):
+            self.tries[d] += 1
+            self.hits[d] += accepted >= d
+
+
+def extended(r, size):
+    """The cost curve r continued to `size` entries along its average slope: for passes larger
+    than was worth measuring."""
+    slope = (r[-1] - r[0]) / max(1, len(r) - 1)
+    return list(r) + [r[-1] + slope * i for i in range(1, size - len(r) + 1)]

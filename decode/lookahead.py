@@ -17,13 +17,29 @@ Each target pass carries two branches that cannot see each other:
 
 After the pass, the top level's predictions complete W n-grams (column j: its N-1 guesses and the
 prediction after them), which go into the pool; the levels shift down by one and the predictions
-become the new top level. The window never enters the cache and never reaches the output: only
-verified candidates do.
+become the new top level. The pool also collects, for free, the n-grams of the text as it is
+committed (as prompt lookup would find them), and with pool_from_prompt those of the prompt. The
+window never enters the cache and never reaches the output: only verified candidates do.
+
+Sizing. Fu et al. size W, N, G to the accelerator's idle compute: there the extra tokens of a pass
+cost almost nothing. On a CPU every token of a pass costs a measurable share of a step (r(n), see
+decode/cost.py) and fixed sizes lose to plain decoding. So by default each pass is sized: with
+running estimates of how many candidates get accepted at each depth (ReachTally) and how many
+accepted tokens the window's n-grams have earned per pass it rode in, the proposer picks the
+verification depth (0..N-1) and whether the window rides, maximising expected new tokens per unit
+of pass cost,
+
+    (1 + E[accepted candidates at depth d] + E[tokens owed to the window]) / r(pass size).
+
+When nothing pays, the pass is the root alone: exactly a plain decoding step. What was switched off
+rides along again now and then (after 4 rounds, then 8, 16, ... at most 64) so that the estimates
+can recover when the text turns repetitive.
 """
 from collections import OrderedDict, defaultdict
 
 import torch
 
+from decode.cost import ReachTally
 from decode.jacobi import random_context_tokens
 from decode.tree import Candidates, SideBranch
 
@@ -41,10 +57,22 @@ def lookahead_mask(window, levels):
     return mask
 
 
+WINDOW_PRIOR, WINDOW_PRIOR_WEIGHT = 0.5, 2  # tokens a window pass is assumed to earn, worth 2 passes
+FIRST_PROBE, MAX_PROBE_GAP = 4, 64          # rounds before a switched-off part rides along again
+
+
+def trie_size(sequences, depth):
+    """Candidates in the trie of `sequences` cut at `depth` (shared prefixes count once)."""
+    return len({tuple(seq[:d]) for seq in sequences for d in range(1, min(depth, len(seq)) + 1)})
+
+
 class Lookahead:
     forwards = 0  # no draft model: the target drafts for itself
 
-    def __init__(self, model, window=5, ngram=3, guesses=5, pool_from_prompt=False):
+    def __init__(self, model, window=5, ngram=3, guesses=5, pool_from_prompt=False, cost=None):
+        """cost: None carries the whole window and all G n-grams in every pass (the paper's fixed
+        sizes); the target's cost curve [r(1), r(2), ...] (decode.cost.cost_curve, at least
+        max_candidates + 1 long) sizes each pass (see the module's docstring)."""
         if ngram < 2:
             raise ValueError("lookahead needs n-grams of at least 2 tokens")
         self.model = model
@@ -54,38 +82,79 @@ class Lookahead:
         self.mask = lookahead_mask(window, self.levels)
         self.offsets = [1 + col + level for level in range(self.levels) for col in range(window)]
         self.max_candidates = (guesses + window) * (ngram - 1)
+        if cost is not None and len(cost) <= self.max_candidates:
+            raise ValueError(f"the cost curve must cover passes of up to {self.max_candidates + 1} tokens")
+        self.cost = cost
+        # what the sizing has learnt, kept from one generation to the next (the same target)
+        self.reach = ReachTally(self.levels)
+        self.window_earned = self.window_passes = 0
+        self.round, self.next_probe, self.probe_gap = 0, FIRST_PROBE, FIRST_PROBE
 
     def start(self, prompt):
         self.rng = torch.Generator().manual_seed(0)  # initial guesses; not the sampling generator
-        self.pool = defaultdict(OrderedDict)  # first token -> {rest of the n-gram: None}, oldest first
+        self.pool = defaultdict(OrderedDict)  # first token -> {rest of the n-gram: its source}, oldest first
         self.grid = [random_context_tokens(prompt, self.window, self.rng) for _ in range(self.levels)]
-        self.n_candidates = None
-        if self.pool_from_prompt:
-            for i in range(len(prompt) - self.ngram + 1):
-                self.remember(prompt[i:i + self.ngram])
+        self.harvested = self.levels if self.pool_from_prompt else len(prompt)  # next n-gram end to harvest
+        self.offered, self.rides = [], False  # this round's verified n-grams (with sources), window or not
 
-    def remember(self, gram):
+    def remember(self, gram, source):
         grams = self.pool[gram[0]]
         grams.pop(tuple(gram[1:]), None)
-        grams[tuple(gram[1:])] = None  # most recent last
+        grams[tuple(gram[1:])] = source  # most recent last
         if len(grams) > self.guesses:
             grams.popitem(last=False)
 
     def propose(self, tokens, max_depth, sampling, generator):
-        recent = list(self.pool.get(tokens[-1], {}))[-self.guesses:]
-        candidates = Candidates.from_sequences([gram[:max_depth] for gram in reversed(recent)])
-        if max(self.offsets) <= max_depth:  # the window fits in the context: let it ride along
+        for end in range(self.harvested, len(tokens)):  # the committed text's n-grams: free guesses
+            self.remember(tokens[end - self.levels:end + 1], "text")
+        self.harvested = len(tokens)
+        pool = self.pool.get(tokens[-1], {})
+        grams = [(gram[:max_depth], pool[gram]) for gram in reversed(pool)]  # most recent first
+        window_fits = max(self.offsets) <= max_depth
+        depth, self.rides = self.size([g for g, _ in grams], window_fits) if self.cost else (self.levels, window_fits)
+        self.offered = [(gram[:depth], source) for gram, source in grams] if depth else []
+        candidates = Candidates.from_sequences([gram for gram, _ in self.offered])
+        if self.rides:
             side_tokens = [t for level in self.grid for t in level]
             candidates.side = SideBranch(side_tokens, self.offsets, self.mask)
-            self.n_candidates = len(candidates)
+        self.n_candidates = len(candidates)
         return candidates
 
+    def size(self, grams, window_fits):
+        """(verification depth, whether the window rides) with the most expected new tokens per unit
+        of pass cost; now and then the largest pass instead, to keep the estimates honest."""
+        window_gain = ((self.window_earned + WINDOW_PRIOR * WINDOW_PRIOR_WEIGHT)
+                       / (self.window_passes + WINDOW_PRIOR_WEIGHT))
+        rides = (False, True) if window_fits else (False,)
+        options = [(depth, ride) for depth in range(max(map(len, grams), default=0) + 1) for ride in rides]
+
+        def tokens_per_cost(option):
+            depth, ride = option
+            size = 1 + trie_size(grams, depth) + (len(self.offsets) if ride else 0)
+            return (1 + self.reach.expected(depth) + (window_gain if ride else 0)) / self.cost[size - 1]
+
+        best, largest = max(options, key=tokens_per_cost), options[-1]
+        self.round += 1
+        if best != largest and self.round >= self.next_probe:
+            self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
+            self.next_probe = self.round + self.probe_gap
+            return largest
+        return best
+
     def update(self, tokens, verdict, hidden):
-        if self.n_candidates is None:  # the window did not ride along this round
+        offered, rides = self.offered, self.rides
+        self.offered, self.rides = [], False  # a round without a proposal (before a slide) offers nothing
+        accepted = len(verdict.path)
+        self.reach.record(max((len(gram) for gram, _ in offered), default=0), accepted)
+        if accepted:  # credit the window with the tokens its n-grams brought in
+            path = tokens[-1 - accepted:-1]
+            source = next(source for gram, source in offered if list(gram[:accepted]) == path)
+            self.window_earned += accepted if source == "window" else 0
+        if not rides:
             return
+        self.window_passes += 1
         side = hidden[1 + self.n_candidates:]  # (levels*W, C), level-major
         top = self.model.lm_head(side[-self.window:]).argmax(-1).tolist()  # after each top-level guess
         for col in range(self.window):
-            self.remember([level[col] for level in self.grid] + [top[col]])
+            self.remember([level[col] for level in self.grid] + [top[col]], "window")
         self.grid = self.grid[1:] + [top]
-        self.n_candidates = None

@@ -98,8 +98,8 @@ def verify_typical(probs, candidates, epsilon=0.09, delta=0.3, generator=None):
 class Medusa:
     """The Medusa proposer for decode.speculative.generate.
 
-    heads: MedusaHeads (or anything mapping hidden states (B, T, C) to logits (K, B, T, V) with an
-    `n_heads` attribute); tree_paths: "chain" or a list of paths (build_tree); typical: None for the
+    heads: MedusaHeads (or anything with an `n_heads` attribute and a `decoder()` that returns a
+    function from one hidden state (C,) to the heads' logits (K, V)), used as they are now; tree_paths: "chain" or a list of paths (build_tree); typical: None for the
     exact shared verifier, or (epsilon, delta) for typical acceptance (then `verify` is set, and the
     loop verifies with it instead of its own exact verifier)."""
     forwards = 0  # the heads read hidden states the verify pass computed anyway: no extra forward
@@ -112,6 +112,7 @@ class Medusa:
         if any(len(p) > 1 and p[:-1] not in set(paths) for p in paths):
             raise ValueError("every path's parent must be in the tree")
         self.heads, self.paths, self.parents = heads, paths, tree_parents(paths)
+        self.head_logits = heads.decoder()
         self.max_candidates = len(paths)
         self.width = 1 + max(i for p in paths for i in p)  # how many top tokens of a head the tree uses
         # n_within[d]: how many paths are at most d deep; sorted by length, they are a prefix of the list
@@ -127,7 +128,7 @@ class Medusa:
             return None
         n = self.n_within[min(max_depth, len(self.n_within) - 1)]
         # ranked by raw logits also when sampling: temperature, top-k and top-p never reorder tokens
-        logits = self.heads(self.hidden[None, None])[:, 0, 0]  # (K, V)
+        logits = self.head_logits(self.hidden)  # (K, V)
         ranked = logits.topk(self.width, dim=-1).indices.tolist()  # (K, width): likeliest first
         return Candidates([ranked[len(p) - 1][p[-1]] for p in self.paths[:n]], self.parents[:n])
 

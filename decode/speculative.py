@@ -74,7 +74,7 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         # rows [root, candidates..., side...]; the verifier reads the root's and the candidates'
         logits, hidden = logits[0, len(tail) - 1:len(tail) + len(candidates)], hidden[0, len(tail) - 1:]
         stats.target_forwards += 1
-        stats.pass_tokens += len(logits) + len(side)
+        stats.pass_sizes[len(logits) + len(side)] += 1
         if lossy_verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
             verdict = lossy_verify(logits, candidates, sampling, generator)
         elif sampling.greedy:

@@ -1,12 +1,14 @@
 """The figures every decoding method reports."""
-from dataclasses import dataclass, fields
+from collections import Counter
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
 class DecodeStats:
     new_tokens: int = 0
     target_forwards: int = 0  # every pass of the target, prefill and re-prefills included
-    pass_tokens: int = 0      # tokens checked or carried per pass: root, candidates, side branch
+    pass_sizes: Counter = field(default_factory=Counter)  # passes by tokens checked or carried: root,
+    #                                                       candidates, side branch (not the uncached context)
     draft_forwards: int = 0
     drafted: int = 0          # draft tokens the verifier judged
     accepted: int = 0         # of those, the ones it kept
@@ -21,6 +23,14 @@ class DecodeStats:
     def alpha(self):
         """Acceptance rate of drafted tokens; None for a method that drafts nothing."""
         return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_pass(self):
+        return sum(n * count for n, count in self.pass_sizes.items()) / max(1, self.pass_sizes.total())
+
+    def pass_cost(self, r):
+        """Mean cost of a pass in single-token steps, for the cost curve r = [r(1), r(2), ...]."""
+        return sum(r[min(n, len(r)) - 1] * count for n, count in self.pass_sizes.items()) / max(1, self.pass_sizes.total())
 
     @property
     def tokens_per_s(self):

@@ -77,6 +77,23 @@ class MedusaHeads(nn.Module):
         heads = self.shared_head * self.n_heads if self.config.tied else self.lm_heads
         return torch.stack([head(block(hidden)) for block, head in zip(self.blocks, heads)])  # (K, B, T, V)
 
+    @torch.no_grad()
+    def decoder(self):
+        """For decoding: a function from one hidden state (C,) to the logits (K, vocab) of every head,
+        in two batched matmuls instead of 2K small ones, whose per-call overhead is most of what the
+        heads cost at this size. It works on copies of the weights as they are now."""
+        weight = torch.stack([block.linear.weight for block in self.blocks])  # (K, C, C)
+        bias = torch.stack([block.linear.bias for block in self.blocks])      # (K, C)
+        if self.config.tied:
+            projection = self.shared_head[0].weight.expand(self.n_heads, -1, -1)  # (K, V, C), one copy
+        else:
+            projection = torch.stack([head.weight for head in self.lm_heads])     # (K, V, C)
+
+        def logits(h):
+            x = h + F.silu(torch.matmul(weight, h) + bias)  # (K, C): every residual block at once
+            return torch.matmul(projection, x[..., None])[..., 0]  # (K, V)
+        return logits
+
 
 # Weights are hashed at float32 (exact for float32 and float64 targets) and at each half precision,
 # as a target loaded in bf16/fp16 has lost the bits a float32 hash would need.
@@ -115,6 +132,10 @@ def load_medusa(path, target_model, tokenizer, device="cpu", dtype=torch.float32
     state = load_checkpoint(path, kind="medusa")
     key, fingerprint = _fingerprint_as_loaded(target_model, tokenizer)
     if state["target"].get(key) != fingerprint:
+        if state.get("train_settings", {}).get("joint"):
+            raise UserError(f"{path} holds Medusa-2 heads, which belong to the target trained with them, saved beside "
+                            f"them as medusa-target.pt: decode from a directory holding that file as target.pt and "
+                            f"the heads as medusa.pt")
         raise UserError(f"{path} was trained for another target model: retrain with {RETRAIN}")
     heads = MedusaHeads(target_model, MedusaConfig(**state["config"]))
     heads.load_state_dict(state["model"])

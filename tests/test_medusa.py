@@ -58,6 +58,16 @@ def test_every_head_is_a_module_of_its_own():
     assert sorted(tied.state_dict()) == [f"blocks.{i}.linear.{w}" for i in range(4) for w in ("bias", "weight")]
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_batched_decoder_says_what_the_heads_say(tied):
+    heads = informative_heads(3) if not tied else MedusaHeads(TARGET, MedusaConfig(n_heads=3, tied=True))
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.linear.bias.normal_()
+        hidden = TARGET(torch.tensor([[1, 2, 3]]), return_hidden=True)[1]  # (1, 3, C)
+        torch.testing.assert_close(heads.decoder()(hidden[0, -1]), heads(hidden)[:, 0, -1])
+
+
 # ---- the tree ------------------------------------------------------------------------------------
 
 # head 0's top-3 are right with 0.5, 0.3, 0.1; head 1's top-2 with 0.5, 0.2; head 2's top-1 with 0.7.
@@ -111,6 +121,9 @@ class FixedHeads:
             for rank, token in enumerate(ranking):
                 logits[j, ..., token] = 10.0 - rank
         return logits
+
+    def decoder(self):
+        return lambda hidden: self(hidden[None, None])[:, 0, 0]
 
 
 def test_paths_become_the_heads_ranked_tokens():
@@ -187,7 +200,7 @@ def test_joint_training_saves_the_new_target_the_heads_belong_to(tmp_path):
     assert torch.equal(new_target.lm_head.weight.float(), target.lm_head.weight.float())  # load_model keeps float32
     assert not torch.equal(target.lm_head.weight, before.lm_head.weight)  # the backbone learned too
     load_medusa(path, new_target, TOKENIZER)
-    with pytest.raises(UserError, match="another target"):
+    with pytest.raises(UserError, match="Medusa-2 heads.*medusa-target.pt"):  # the message says where the target is
         load_medusa(path, before, TOKENIZER)
 
 
@@ -277,6 +290,9 @@ class ToyHeads:
             p = p @ self.transition
             out.append(p.log())
         return torch.stack(out)
+
+    def decoder(self):
+        return lambda hidden: self(hidden[None, None])[:, 0, 0]
 
 
 TOY_HEADS = ToyHeads(TARGET_TABLE, 3)
