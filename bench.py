@@ -8,7 +8,8 @@
 
 Rows run interleaved round-robin over the prompts (the order rotating from prompt to prompt), so
 machine noise hits every method alike; speedup is each row's tokens/s over plain decoding's in this
-same run. Beside it, the speedup the cost model predicts from the measured tau:
+same run; a second plain row, last, shows how far apart two identical rows land (the noise). Beside
+it, the speedup the cost model predicts from the measured tau:
 tau / (mean r(n) + d*c), with r(n) the target's verify-pass cost curve at each pass's size n
 (averaged over the passes, whose sizes vary for sized lookahead), d the draft forwards per target
 forward and c the draft's step cost (for k draft guesses: r(k+1) + k*c).
@@ -32,6 +33,7 @@ DEFAULT_KS = "1,2,3,4,5,6,7,8,auto,heuristic"
 DEFAULT_LOOKAHEAD = ["2,2,2", "5,3,5", "7,4,7"]  # W,N,G, fixed sizes
 DEFAULT_JACOBI = [2, 5]
 DEFAULT_TREES = [4, 8, 32]
+NOISE_ROW = "none again (noise)"
 
 
 def parse_args(argv=None):
@@ -180,6 +182,7 @@ def main(argv=None):
         for size in args.trees:
             proposers[f"medusa tree={size}"] = medusa_proposer(heads, medusa_state, tree_size=size)
         proposers["medusa typical (LOSSY)"] = medusa_proposer(heads, medusa_state, typical=True)
+    proposers[NOISE_ROW] = Plain()  # plain decoding again: how far two identical rows land apart here
     max_pass = min(64, max(p.max_candidates for p in proposers.values()) + 1)
     cost = dict(r=cost_curve(model, max_pass, block_size - 64 if block_size > 64 else 0)[0])
     if draft is not None:

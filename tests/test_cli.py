@@ -34,11 +34,20 @@ def test_generate_json_past_the_context_window(tiny_checkpoint):
     assert out["prompt"] == "\n" and isinstance(out["text"], str)
 
 
+@pytest.mark.parametrize("sizing", ["auto", "fixed"])
+def test_lookahead_sizings_say_what_plain_says(tiny_checkpoint, sizing):
+    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--spec", "lookahead", "--sizing", sizing, "--compare",
+                "--temperature", "0", "--max-new-tokens", "40", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["identical_to_plain"] is True
+
+
 def test_bench_table_and_profile(tiny_checkpoint):
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--num-prompts", "2", "--max-new-tokens", "8", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["rows"]
     assert rows[0]["method"] == "none" and rows[0]["speedup"] == 1.0 and rows[0]["tau"] == 1.0
+    assert rows[-1]["method"] == "none again (noise)" and rows[-1]["tau"] == 1.0
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--profile", "--json")
     assert r.returncode == 0, r.stderr
     curves = json.loads(r.stdout)["profile"]
