@@ -26,8 +26,8 @@ from decode import SPEC_METHODS, DraftModel, Jacobi, Lookahead, Plain, PromptLoo
 from decode.cost import cost_curve, forward_seconds
 from decode.stats import DecodeStats
 from errors import UserError
-from generate import (LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, load_heads, medusa_proposer, parse_k,
-                      setup, sized_lookahead)
+from generate import (LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, load_heads, lookahead_proposer,
+                      medusa_proposer, parse_k, setup)
 
 DEFAULT_KS = "1,2,3,4,5,6,7,8,auto,heuristic"
 DEFAULT_LOOKAHEAD = ["2,2,2", "5,3,5", "7,4,7"]  # W,N,G, fixed sizes
@@ -161,7 +161,7 @@ def main(argv=None):
         for window in args.jacobi:
             proposers[f"jacobi W={window}"] = Jacobi(model, window)
     if "lookahead" in methods:
-        proposers[f"lookahead auto {','.join(map(str, LOOKAHEAD_DEFAULT))} (default)"] = sized_lookahead(
+        proposers[f"lookahead auto {','.join(map(str, LOOKAHEAD_DEFAULT))} (default)"] = lookahead_proposer(
             model, *LOOKAHEAD_DEFAULT)
         for config in args.lookahead:
             try:
@@ -172,7 +172,7 @@ def main(argv=None):
                 raise UserError(f"--lookahead {config}: W and G must be 1 to 64, N 2 to 64")
             proposers[f"lookahead {config}"] = Lookahead(model, window, ngram, guesses)
             if args.sized:
-                proposers[f"lookahead auto {config}"] = sized_lookahead(model, window, ngram, guesses)
+                proposers[f"lookahead auto {config}"] = lookahead_proposer(model, window, ngram, guesses)
     if "ngram" in methods:
         proposers["ngram"] = PromptLookup()
     if "medusa" in methods:

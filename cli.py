@@ -1,6 +1,5 @@
 """What the command-line tools share: argument parsing, device and dtype choice, error reporting."""
 import argparse
-import importlib.util
 import sys
 
 import torch
@@ -63,7 +62,7 @@ def add_attn_arg(parser):
 def use_attn(name, device, dtype):
     """Make `name` the attention backend of every later forward, if it can run here."""
     if name == "triton":
-        if importlib.util.find_spec("triton") is None:
+        if not kernels.triton_installed():
             raise UserError("--attn triton needs the triton package (Linux only): pip install triton")
         if not kernels.triton_usable(device):
             raise UserError("--attn triton runs on CUDA; set TRITON_INTERPRET=1 to run it (slowly) on the CPU "

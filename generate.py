@@ -123,7 +123,7 @@ def medusa_proposer(heads, state, tree="default", tree_size=None, typical=False)
     return Medusa(heads, paths, typical=(0.09, 0.3) if typical else None)
 
 
-def sized_lookahead(model, window, ngram, guesses, pool_from_prompt=False, sizing="auto"):
+def lookahead_proposer(model, window, ngram, guesses, pool_from_prompt=False, sizing="auto"):
     """Lookahead with fixed sizes, or sized every pass from the cost curve measured here and now."""
     cost = None
     if sizing == "auto":
@@ -149,7 +149,7 @@ def make_proposer(spec, args, model, draft=None, medusa=None):
     if spec == "lookahead":
         if args.ngram < 2:
             raise UserError("--ngram must be at least 2 for lookahead (N = 2 is Jacobi decoding with a pool)")
-        return sized_lookahead(model, args.window or LOOKAHEAD_DEFAULT[0], args.ngram, args.guesses,
+        return lookahead_proposer(model, args.window or LOOKAHEAD_DEFAULT[0], args.ngram, args.guesses,
                                args.pool_from_prompt, args.sizing)
     if spec == "medusa":
         return medusa_proposer(*medusa, args.tree, args.tree_size, args.typical)

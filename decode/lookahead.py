@@ -76,7 +76,7 @@ class Lookahead:
         if ngram < 2:
             raise ValueError("lookahead needs n-grams of at least 2 tokens")
         self.model = model
-        self.window, self.ngram, self.guesses = window, ngram, guesses
+        self.window, self.guesses = window, guesses
         self.pool_from_prompt = pool_from_prompt
         self.levels = ngram - 1
         self.mask = lookahead_mask(window, self.levels)

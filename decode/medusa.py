@@ -111,7 +111,7 @@ class Medusa:
             raise ValueError(f"a tree needs distinct paths of 1 to {heads.n_heads} choices (one per head)")
         if any(len(p) > 1 and p[:-1] not in set(paths) for p in paths):
             raise ValueError("every path's parent must be in the tree")
-        self.heads, self.paths, self.parents = heads, paths, tree_parents(paths)
+        self.paths, self.parents = paths, tree_parents(paths)
         self.head_logits = heads.decoder()
         self.max_candidates = len(paths)
         self.width = 1 + max(i for p in paths for i in p)  # how many top tokens of a head the tree uses

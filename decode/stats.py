@@ -24,13 +24,17 @@ class DecodeStats:
         """Acceptance rate of drafted tokens; None for a method that drafts nothing."""
         return self.accepted / self.drafted if self.drafted else None
 
+    def _mean_over_passes(self, value):
+        """The mean of value(n) over the passes, n being a pass's size."""
+        return sum(value(n) * count for n, count in self.pass_sizes.items()) / max(1, self.pass_sizes.total())
+
     @property
     def mean_pass(self):
-        return sum(n * count for n, count in self.pass_sizes.items()) / max(1, self.pass_sizes.total())
+        return self._mean_over_passes(lambda n: n)
 
     def pass_cost(self, r):
         """Mean cost of a pass in single-token steps, for the cost curve r = [r(1), r(2), ...]."""
-        return sum(r[min(n, len(r)) - 1] * count for n, count in self.pass_sizes.items()) / max(1, self.pass_sizes.total())
+        return self._mean_over_passes(lambda n: r[min(n, len(r)) - 1])
 
     @property
     def tokens_per_s(self):

@@ -17,11 +17,14 @@ TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _backend = "auto"
 
 
+def triton_installed():
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_usable(device):
     """Whether the Triton kernel can run for tensors on `device`: on CUDA, or anywhere under the
     interpreter (TRITON_INTERPRET=1, set before triton is imported)."""
-    installed = importlib.util.find_spec("triton") is not None
-    return installed and (torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    return triton_installed() and (torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def set_backend(name):
@@ -46,4 +49,4 @@ def attention(q, k, v, mask=None, backend=None):
     return triton_attention(q, k, v, mask)
 
 
-__all__ = ["attention", "reference_attention", "set_backend", "triton_usable", "BACKENDS"]
+__all__ = ["attention", "reference_attention", "set_backend", "triton_installed", "triton_usable", "BACKENDS"]
