@@ -4,6 +4,7 @@
     python bench.py --temperature 1 --json
     python bench.py --methods draft --k 2,4,auto --plot speedup.png
     python bench.py --methods lookahead --lookahead 5,3,5 7,4,7
+    python bench.py --methods ngram --prompt-lookup 3,5,2 1,8,64
     python bench.py --profile                 # the verify-pass cost curve r(n)
 
 Rows run interleaved round-robin over the prompts (the order rotating from prompt to prompt), so
@@ -31,6 +32,7 @@ from generate import (LOOKAHEAD_DEFAULT, add_sampling_args, load_draft, load_hea
 
 DEFAULT_KS = "1,2,3,4,5,6,7,8,auto,heuristic"
 DEFAULT_LOOKAHEAD = ["2,2,2", "5,3,5", "7,4,7"]  # W,N,G, fixed sizes
+DEFAULT_PROMPT_LOOKUP = ["3,5,2"]  # --match-len, --num-proposed, --num-matches
 DEFAULT_JACOBI = [2, 5]
 DEFAULT_TREES = [4, 8, 32]
 NOISE_ROW = "none again (noise)"
@@ -50,6 +52,10 @@ def parse_args(argv=None):
                         f"{' '.join(DEFAULT_LOOKAHEAD)})")
     p.add_argument("--sized", action="store_true",
                    help="also a sized (--sizing auto) lookahead row within each --lookahead W,N,G")
+    p.add_argument("--prompt-lookup", nargs="+", default=DEFAULT_PROMPT_LOOKUP, metavar="L,P,M",
+                   help=f"ngram rows: longest suffix looked up L, tokens proposed P, matches M (default "
+                        f"{' '.join(DEFAULT_PROMPT_LOOKUP)}, generate.py's defaults); 1,8,64 offers every "
+                        "earlier continuation of the last token, the most any guess from the text can get")
     p.add_argument("--trees", nargs="+", type=int, default=DEFAULT_TREES, metavar="N",
                    help=f"medusa rows: tree sizes besides chain and the saved tree (default "
                         f"{' '.join(map(str, DEFAULT_TREES))})")
@@ -66,6 +72,17 @@ def parse_args(argv=None):
     p.add_argument("--plot", help="draw measured and predicted draft speedup against k into this PNG "
                                   "(needs matplotlib)")
     return p.parse_args(argv)
+
+
+def parse_triple(flag, config):
+    """Three integers from 1 to 64 out of a row flag's value such as 5,3,5."""
+    try:
+        values = tuple(int(x) for x in config.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(1 <= v <= 64 for v in values):
+        raise UserError(f"{flag} takes three comma-separated numbers from 1 to 64, like 5,3,5; got {config!r}")
+    return values
 
 
 def held_out_prompts(tokenizer, text, n, length, seed):
@@ -164,17 +181,15 @@ def main(argv=None):
         proposers[f"lookahead auto {','.join(map(str, LOOKAHEAD_DEFAULT))} (default)"] = lookahead_proposer(
             model, *LOOKAHEAD_DEFAULT)
         for config in args.lookahead:
-            try:
-                window, ngram, guesses = (int(x) for x in config.split(","))
-            except ValueError:
-                raise UserError(f"--lookahead takes W,N,G triples like 5,3,5, got {config!r}") from None
-            if not (1 <= window <= 64 and 2 <= ngram <= 64 and 1 <= guesses <= 64):
-                raise UserError(f"--lookahead {config}: W and G must be 1 to 64, N 2 to 64")
+            window, ngram, guesses = parse_triple("--lookahead", config)
+            if ngram < 2:
+                raise UserError(f"--lookahead {config}: N must be at least 2")
             proposers[f"lookahead {config}"] = Lookahead(model, window, ngram, guesses)
             if args.sized:
                 proposers[f"lookahead auto {config}"] = lookahead_proposer(model, window, ngram, guesses)
     if "ngram" in methods:
-        proposers["ngram"] = PromptLookup()
+        for config in args.prompt_lookup:
+            proposers[f"ngram {config}"] = PromptLookup(*parse_triple("--prompt-lookup", config))
     if "medusa" in methods:
         heads, medusa_state = load_heads(args.out_dir, model, tokenizer, device, dtype)
         proposers["medusa chain"] = medusa_proposer(heads, medusa_state, "chain")

@@ -68,8 +68,8 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
             mask = pass_mask(candidates, len(tail)).to(device)
             root_pos = cache.length + len(tail) - 1
             offsets = candidates.depths() + (candidates.side.offsets if side else [])
-            pos = torch.cat([torch.arange(cache.length, root_pos + 1, device=device),
-                             root_pos + torch.tensor(offsets, dtype=torch.long, device=device)])
+            pos = torch.tensor(list(range(cache.length, root_pos + 1)) + [root_pos + o for o in offsets],
+                               device=device)
         logits, hidden = model(idx, cache, pos=pos, mask=mask, return_hidden=True)
         # rows [root, candidates..., side...]; the verifier reads the root's and the candidates'
         logits, hidden = logits[0, len(tail) - 1:len(tail) + len(candidates)], hidden[0, len(tail) - 1:]

@@ -54,6 +54,25 @@ def test_bench_table_and_profile(tiny_checkpoint):
     assert len(curves) == 3 and all(len(c["r"]) == 32 and c["r"][0] == 1.0 for c in curves.values())  # n up to half the 64-token context
 
 
+def test_bench_prompt_lookup_rows(tiny_checkpoint):
+    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--methods", "ngram", "--prompt-lookup", "3,5,2", "1,4,8",
+                "--num-prompts", "2", "--max-new-tokens", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    methods = [row["method"] for row in json.loads(r.stdout)["rows"]]
+    assert methods == ["none", "ngram 3,5,2", "ngram 1,4,8", "none again (noise)"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--lookahead", "5,3"], ["--lookahead", "three"]),
+    (["--lookahead", "5,1,5"], ["N must be at least 2"]),
+    (["--prompt-lookup", "0,5,2"], ["--prompt-lookup", "1 to 64"]),
+    (["--methods", "warp"], ["unknown method"]),
+    (["--num-prompts", "0"], ["--num-prompts"]),
+])
+def test_bench_bad_input(tiny_checkpoint, args, words):
+    assert_one_line_error(run_cli("bench.py", "--out-dir", tiny_checkpoint, *args), *words)
+
+
 @pytest.mark.parametrize("args,words", [
     (["--prompt", "x" * 2000], ["longer than the model's context"]),
     (["--max-new-tokens", "-5"], ["--max-new-tokens"]),
