@@ -212,6 +212,10 @@ def main(argv=None):
     medusa = load_heads(args.out_dir, model, tokenizer, device, dtype) if args.spec == "medusa" else None
     proposer = make_proposer(args.spec, args, model, draft, medusa)
 
+    if args.compare:  # a first call pays for allocation and cold caches: neither timed run should
+        for warm_up in (proposer, Plain()):
+            generate(model, prompt_ids, 4, sampling, proposer=warm_up)
+
     def decode(proposer, on_token=None):
         torch.manual_seed(args.seed)
         generator = torch.Generator(device).manual_seed(args.seed)
