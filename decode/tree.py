@@ -96,9 +96,11 @@ def verify_mask(parents, tail=1):
 def pass_mask(candidates, tail):
     """verify_mask, widened by the side branch: it sees the tail (root included) and itself only."""
     mask = _verify_mask(candidates.parents, tail)
-    if candidates.side is not None:
-        m, width = len(candidates.side.tokens), tail + len(candidates)
-        mask = np.pad(mask, (0, m))
-        mask[width:, :tail] = True
-        mask[width:, width:] = candidates.side.mask.numpy()
-    return torch.from_numpy(mask)
+    if candidates.side is None:
+        return torch.from_numpy(mask)
+    m, width = len(candidates.side.tokens), tail + len(candidates)
+    full = np.zeros((width + m, width + m), dtype=bool)
+    full[:width, :width] = mask
+    full[width:, :tail] = True
+    full[width:, width:] = candidates.side.mask.numpy()
+    return torch.from_numpy(full)
