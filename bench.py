@@ -55,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--prompt-lookup", nargs="+", default=DEFAULT_PROMPT_LOOKUP, metavar="L,P,M",
                    help=f"ngram rows: longest suffix looked up L, tokens proposed P, matches M (default "
                         f"{' '.join(DEFAULT_PROMPT_LOOKUP)}, generate.py's defaults); 1,8,64 offers every "
-                        "earlier continuation of the last token, the most any guess from the text can get")
+                        "earlier continuation of the last token: the most that copying from the text can get")
     p.add_argument("--trees", nargs="+", type=int, default=DEFAULT_TREES, metavar="N",
                    help=f"medusa rows: tree sizes besides chain and the saved tree (default "
                         f"{' '.join(map(str, DEFAULT_TREES))})")
