@@ -1,13 +1,25 @@
-"""What the command-line tools share: argument parsing, device and dtype choice, error reporting."""
+"""What the command-line tools share: argument parsing, device and dtype choice, loading the
+target, the sampling and method flags, and turning bad input into one line of advice."""
 import argparse
 import sys
 
 import torch
 
 import kernels
-from errors import UserError
+from decode.lookahead import SIZING
+from decode.methods import METHODS, SettingError
+from decode.sampling import Sampling
+from model.checkpoint import CheckpointError, checkpoint_path, load_model
+from model.tokenizer import TokenizerError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MAX_NEW_TOKENS = 100_000  # beyond this a typo is likelier than intent
+TRAIN_COMMAND = {"target": "python train.py", "draft": "python train.py --what draft",
+                 "medusa": "python train.py --what medusa"}
+
+
+class UserError(Exception):
+    """Bad input from the user (a missing file, a wrong flag value); never a bug in SpecGPT."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -18,11 +30,15 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run(main):
-    """Run main(); a UserError becomes one line on stderr and exit status 2, never a traceback."""
+    """Run main(); bad input becomes one line on stderr and exit status 2, never a traceback."""
     try:
         sys.exit(main())
-    except UserError as e:
+    except (UserError, SettingError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except CheckpointError as e:
+        advice = f": train it with {TRAIN_COMMAND[e.retrain]}" if e.retrain else ""
+        print(f"error: {e}{advice}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -70,3 +86,67 @@ def use_attn(name, device, dtype):
         if dtype not in kernels.TRITON_DTYPES:
             raise UserError(f"--attn triton supports float32, float16 and bfloat16, not {dtype}")
     kernels.set_backend(name)
+
+
+def add_sampling_args(parser, temperature=0.8):
+    parser.add_argument("--max-new-tokens", type=int, default=300, help="how many tokens to generate (default 300)")
+    parser.add_argument("--temperature", type=float, default=temperature,
+                        help=f"softmax temperature; 0 = greedy (default {temperature})")
+    parser.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (default 1)")
+    parser.add_argument("--seed", type=int, default=1337)
+
+
+def sampling_from_args(args):
+    """Validated Sampling settings from the flags of add_sampling_args."""
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,}, got {args.max_new_tokens}")
+    if not args.temperature >= 0:  # also refuses NaN
+        raise UserError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    if not 0 < args.top_p <= 1:
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    return Sampling(args.temperature, args.top_k, args.top_p)
+
+
+def add_method_args(parser, rows=None):
+    """Each method's setting flag (decode.methods). rows=None: one setting each, with the options of
+    lookahead and Medusa (generate.py); rows={method: [settings]}: several settings per flag, one
+    benchmark row each, defaulting to rows[method] (bench.py)."""
+    g = parser.add_argument_group("method settings" + (" (several values: one row each)" if rows else ""))
+    for method in METHODS.values():
+        if method.flag and rows:
+            g.add_argument(method.flag, nargs="+", default=rows[method.name], metavar=method.metavar,
+                           help=f"{method.help} (default {' '.join(rows[method.name])})")
+        elif method.flag:
+            g.add_argument(method.flag, default=method.default, metavar=method.metavar,
+                           help=f"{method.help} (default {method.default})")
+    if rows:
+        return
+    g.add_argument("--sizing", choices=["auto", "fixed"], default=SIZING,
+                   help="lookahead: auto sizes every pass from this machine's measured cost curve r(n) and the "
+                        "acceptance so far, carrying the window and the n-grams only while they pay for "
+                        f"themselves, down to a plain step; fixed carries all of W, N, G every pass, as in "
+                        f"the paper (default {SIZING})")
+    g.add_argument("--pool-from-prompt", action="store_true", help="lookahead: seed the n-gram pool from the prompt")
+    g.add_argument("--typical", action="store_true",
+                   help="medusa: typical acceptance. LOSSY: faster when sampling, but no longer samples the "
+                        "target's distribution exactly")
+
+
+def setting_of(args, method):
+    """The value of `method`'s setting flag in args (None for plain decoding)."""
+    flag = METHODS[method].flag
+    return getattr(args, flag.lstrip("-").replace("-", "_")) if flag else None
+
+
+def setup(args):
+    """What generate.py and bench.py both start from: (Sampling, device, dtype, target model,
+    tokenizer, target checkpoint dict), with the attention backend chosen."""
+    sampling = sampling_from_args(args)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    use_attn(args.attn, device, dtype)
+    model, tokenizer, state = load_model(checkpoint_path(args.out_dir, "target"), device=device, dtype=dtype)
+    return sampling, device, dtype, model, tokenizer, state

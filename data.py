@@ -5,7 +5,7 @@ import urllib.request
 import numpy as np
 import torch
 
-from errors import UserError
+from cli import UserError
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SIZE = 1_115_394  # bytes

@@ -1,13 +1,13 @@
-"""Decoding methods. Each is a proposer of candidate tokens for the one shared loop,
-decode.speculative.generate; plain decoding is the proposer that proposes nothing."""
+"""Decoding methods. Each is a proposer of candidate tokens (decode/proposer.py) for the one shared
+loop, decode.speculative.generate; plain decoding is the proposer that proposes nothing.
+decode.methods builds any of them by name from its setting."""
 from decode.draft import DraftModel
 from decode.jacobi import Jacobi
 from decode.lookahead import Lookahead
 from decode.medusa import Medusa
-from decode.ngram import PromptLookup
 from decode.plain import Plain
+from decode.prompt_lookup import PromptLookup
+from decode.proposer import Proposer
 from decode.speculative import generate
 
-SPEC_METHODS = ("none", "draft", "jacobi", "lookahead", "ngram", "medusa")
-
-__all__ = ["DraftModel", "Jacobi", "Lookahead", "Medusa", "Plain", "PromptLookup", "generate", "SPEC_METHODS"]
+__all__ = ["DraftModel", "Jacobi", "Lookahead", "Medusa", "Plain", "PromptLookup", "Proposer", "generate"]

@@ -13,6 +13,12 @@ import torch
 from decode.tree import verify_mask
 
 
+def profile_prefix(model):
+    """The cached prefix a cost is measured after: half the context, the middle of what decoding
+    sees (attention over the prefix is a small part of a pass at these sizes)."""
+    return model.config.block_size // 2
+
+
 def _prefilled_cache(model, prefix, scratch, generator):
     cache = model.new_cache(scratch=scratch)
     if prefix:
@@ -64,29 +70,6 @@ def cost_curve(model, max_n, prefix, repeats=7, tree=False):
                 times.append(seconds)
     medians = list(itertools.accumulate(map(statistics.median, samples), max))
     return [m / medians[0] for m in medians], medians[0]
-
-
-class ReachTally:
-    """How deep the verifier's accepted path reaches, counted over the passes so far:
-    reach(d) estimates P(at least d candidates accepted | the candidates offered went d deep), so
-    that sum(reach(1..D)) is the expected number of accepted candidates when offering depth D.
-    Before any pass it assumes reach(d) = prior^d, worth `weight` passes: optimistic enough that
-    every depth gets tried before the counts take over."""
-
-    def __init__(self, max_depth, prior=0.5, weight=2):
-        self.hits, self.tries = [0] * (max_depth + 1), [0] * (max_depth + 1)
-        self.prior, self.weight = prior, weight
-
-    def reach(self, depth):
-        return (self.hits[depth] + self.prior ** depth * self.weight) / (self.tries[depth] + self.weight)
-
-    def expected(self, depth):
-        return sum(self.reach(d) for d in range(1, depth + 1))
-
-    def record(self, offered, accepted):
-        for d in range(1, offered + 1):
-            self.tries[d] += 1
-            self.hits[d] += accepted >= d
 
 
 def extended(r, size):

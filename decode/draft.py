@@ -15,10 +15,15 @@ How many guesses per round:
 """
 import torch
 
-from decode.cost import forward_seconds, cost_curve
+from decode.cost import cost_curve, forward_seconds, profile_prefix
+from decode.proposer import Proposer
 from decode.sampling import token_probs
 from decode.tree import Candidates
+from decode.window import ContextWindow
 
+DEFAULT_K = 4               # guesses per round; also where "auto" and "heuristic" start
+MAX_K = 16                  # the largest fixed k
+AUTO_K_MAX = 8              # the most that "auto" and "heuristic" grow to
 ALPHA_PRIOR, PRIOR_WEIGHT = 0.6, 4  # the acceptance assumed before any round is judged
 
 
@@ -27,21 +32,29 @@ def expected_tokens(alpha, k):
     return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-class DraftModel:
-    def __init__(self, draft, k=4, schedule="fixed", k_max=8, target=None):
+def parse_k(value):
+    """(k, schedule) from a k setting: a number from 1 to MAX_K, "auto" or "heuristic"."""
+    if value in ("auto", "heuristic"):
+        return DEFAULT_K, value
+    if not value.isdigit() or not 1 <= int(value) <= MAX_K:
+        raise ValueError(f"k must be a number from 1 to {MAX_K}, 'auto' or 'heuristic', got {value!r}")
+    return int(value), "fixed"
+
+
+class DraftModel(Proposer):
+    def __init__(self, draft, k=DEFAULT_K, schedule="fixed", target=None):
         self.draft = draft
         self.schedule = schedule
-        self.k_max = k if schedule == "fixed" else k_max
+        self.k_max = k if schedule == "fixed" else AUTO_K_MAX
         self.k_start = k
         self.max_candidates = self.k_max
         if schedule == "auto":  # measured once: the cost model of the choice
-            prefix = target.config.block_size // 2
-            self.r, target_step = cost_curve(target, self.k_max + 1, prefix)
-            self.c = forward_seconds(draft, 1, draft.config.block_size // 2) / target_step
+            self.r, target_step = cost_curve(target, self.k_max + 1, profile_prefix(target))
+            self.c = forward_seconds(draft, 1, profile_prefix(draft)) / target_step
 
     def start(self, prompt):
         self.cache = self.draft.new_cache(scratch=1)
-        self.window_start = self.cached = 0  # the draft's cache holds tokens[window_start:cached]
+        self.context = ContextWindow(self.cache, self.draft.config.block_size)
         self.forwards = 0
         self.k = self.k_start
         self.k_used = 0  # guesses proposed this round
@@ -63,14 +76,11 @@ class DraftModel:
 
     def propose(self, tokens, max_depth, sampling, generator):
         k = min(self.choose_k(), max_depth)
-        block_size = self.draft.config.block_size
-        # the draft will hold tokens[window_start:] plus k - 1 of its own guesses: slide if that overflows
-        if len(tokens) - self.window_start + k - 1 > block_size:
-            self.window_start = self.cached = len(tokens) - block_size // 2
-            self.cache.rollback(0)
-            k = min(k, block_size // 2)
-        logits = self._step(tokens[self.cached:])
-        self.cached = len(tokens)
+        # the draft will hold its window of the text plus k - 1 of its own guesses
+        if self.context.slide_if_full(len(tokens), ahead=k - 1):
+            k = min(k, self.draft.config.block_size // 2)
+        logits = self._step(tokens[self.context.cached:])
+        self.context.cached = len(tokens)
         self.root_length = self.cache.length
         guesses, draft_probs = [], []
         for i in range(k):
@@ -91,7 +101,7 @@ class DraftModel:
             return
         kept = min(len(verdict.path), self.k_used - 1)  # accepted guesses the draft has already seen
         self.cache.rollback(self.root_length + kept)
-        self.cached += kept
+        self.context.cached += kept
         self.accepted += len(verdict.path)
         self.judged += verdict.judged
         if self.schedule == "heuristic":

@@ -8,7 +8,10 @@ the next round's guesses: each Jacobi iteration refines the whole block at once.
 """
 import torch
 
+from decode.proposer import Proposer
 from decode.tree import Candidates
+
+DEFAULT_WINDOW = 5  # guesses per pass
 
 
 def random_context_tokens(tokens, count, generator):
@@ -17,10 +20,8 @@ def random_context_tokens(tokens, count, generator):
     return [tokens[i] for i in picks]
 
 
-class Jacobi:
-    forwards = 0  # no draft model
-
-    def __init__(self, model, window=5):
+class Jacobi(Proposer):
+    def __init__(self, model, window=DEFAULT_WINDOW):
         self.model = model  # its lm_head turns the pass's hidden states into the new guesses
         self.window = window
         self.max_candidates = window

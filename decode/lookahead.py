@@ -39,9 +39,15 @@ from collections import OrderedDict, defaultdict
 
 import torch
 
-from decode.cost import ReachTally
+from decode.cost import cost_curve, extended, profile_prefix
 from decode.jacobi import random_context_tokens
+from decode.proposer import Proposer
 from decode.tree import Candidates, SideBranch
+
+# W, N, G: the bounds a sized pass works within. Small, because on a CPU every token of a pass
+# costs a share of a step; larger ones were measured slower here (docs/).
+WINDOW, NGRAM_SIZE, MAX_NGRAMS = 2, 2, 2
+SIZING = "auto"
 
 
 def lookahead_mask(window, levels):
@@ -57,6 +63,29 @@ def lookahead_mask(window, levels):
     return mask
 
 
+class ReachTally:
+    """How deep the verifier's accepted path reaches, counted over the passes so far:
+    reach(d) estimates P(at least d candidates accepted | the candidates offered went d deep), so
+    that sum(reach(1..D)) is the expected number of accepted candidates when offering depth D.
+    Before any pass it assumes reach(d) = prior^d, worth `weight` passes: optimistic enough that
+    every depth gets tried before the counts take over."""
+
+    def __init__(self, max_depth, prior=0.5, weight=2):
+        self.hits, self.tries = [0] * (max_depth + 1), [0] * (max_depth + 1)
+        self.prior, self.weight = prior, weight
+
+    def reach(self, depth):
+        return (self.hits[depth] + self.prior ** depth * self.weight) / (self.tries[depth] + self.weight)
+
+    def expected(self, depth):
+        return sum(self.reach(d) for d in range(1, depth + 1))
+
+    def record(self, offered, accepted):
+        for d in range(1, offered + 1):
+            self.tries[d] += 1
+            self.hits[d] += accepted >= d
+
+
 WINDOW_PRIOR, WINDOW_PRIOR_WEIGHT = 0.5, 2  # tokens a window pass is assumed to earn, worth 2 passes
 FIRST_PROBE, MAX_PROBE_GAP = 4, 64          # rounds before a switched-off part rides along again
 
@@ -66,22 +95,28 @@ def trie_size(sequences, depth):
     return len({tuple(seq[:d]) for seq in sequences for d in range(1, min(depth, len(seq)) + 1)})
 
 
-class Lookahead:
-    forwards = 0  # no draft model: the target drafts for itself
+def measured_cost(model, window, ngram_size, max_ngrams):
+    """The target's cost curve for tree passes up to the largest a lookahead pass can be, timed
+    here and now, and extended by its slope past half the context."""
+    largest_pass, prefix = (window + max_ngrams) * (ngram_size - 1) + 1, profile_prefix(model)
+    return extended(cost_curve(model, min(largest_pass, prefix), prefix, repeats=5, tree=True)[0], largest_pass)
 
-    def __init__(self, model, window=5, ngram=3, guesses=5, pool_from_prompt=False, cost=None):
+
+class Lookahead(Proposer):
+    def __init__(self, model, window=WINDOW, ngram_size=NGRAM_SIZE, max_ngrams=MAX_NGRAMS,
+                 pool_from_prompt=False, cost=None):
         """cost: None carries the whole window and all G n-grams in every pass (the paper's fixed
-        sizes); the target's cost curve [r(1), r(2), ...] (decode.cost.cost_curve, at least
+        sizes); the target's cost curve [r(1), r(2), ...] (measured_cost, at least
         max_candidates + 1 long) sizes each pass (see the module's docstring)."""
-        if ngram < 2:
-            raise ValueError("lookahead needs n-grams of at least 2 tokens")
+        if ngram_size < 2:
+            raise ValueError("lookahead needs n-grams of at least 2 tokens (N = 2 is Jacobi decoding with a pool)")
         self.model = model
-        self.window, self.guesses = window, guesses
+        self.window, self.max_ngrams = window, max_ngrams
         self.pool_from_prompt = pool_from_prompt
-        self.levels = ngram - 1
+        self.levels = ngram_size - 1
         self.mask = lookahead_mask(window, self.levels)
         self.offsets = [1 + col + level for level in range(self.levels) for col in range(window)]
-        self.max_candidates = (guesses + window) * (ngram - 1)
+        self.max_candidates = (max_ngrams + window) * self.levels
         if cost is not None and len(cost) <= self.max_candidates:
             raise ValueError(f"the cost curve must cover passes of up to {self.max_candidates + 1} tokens")
         self.cost = cost
@@ -101,11 +136,11 @@ class Lookahead:
         grams = self.pool[gram[0]]
         grams.pop(tuple(gram[1:]), None)
         grams[tuple(gram[1:])] = source  # most recent last
-        if len(grams) > self.guesses:
+        if len(grams) > self.max_ngrams:
             grams.popitem(last=False)
 
     def propose(self, tokens, max_depth, sampling, generator):
-        for end in range(self.harvested, len(tokens)):  # the committed text's n-grams: free guesses
+        for end in range(self.harvested, len(tokens)):  # the committed text's n-grams: free candidates
             self.remember(tokens[end - self.levels:end + 1], "text")
         self.harvested = len(tokens)
         pool = self.pool.get(tokens[-1], {})

@@ -22,9 +22,14 @@ import math
 
 import torch
 
+from decode.proposer import Proposer
 from decode.sampling import token_probs
 from decode.tree import Candidates
-from decode.verify import Verdict
+from decode.verify import walk
+
+DEFAULT_TREE = "saved"   # the tree chosen at training time from the heads' measured accuracies
+DEFAULT_TREE_SIZE = 4    # candidates in that tree: the fastest measured on a 2-core CPU (docs/)
+TYPICAL = (0.09, 0.3)    # typical acceptance's epsilon and delta, as in the Medusa reference code
 
 
 def build_tree(accuracies, budget):
@@ -69,7 +74,7 @@ def tree_parents(paths):
     return [index[path[:-1]] if len(path) > 1 else -1 for path in paths]
 
 
-def verify_typical(probs, candidates, epsilon=0.09, delta=0.3, generator=None):
+def verify_typical(probs, candidates, epsilon=TYPICAL[0], delta=TYPICAL[1], generator=None):
     """Medusa's typical acceptance: a lossy verifier, faster at high temperature.
 
     At a node whose target distribution is p, accept the first child whose token x has
@@ -79,30 +84,24 @@ def verify_typical(probs, candidates, epsilon=0.09, delta=0.3, generator=None):
     candidate that passes is always taken, so the heads' favourite tokens come out more often than
     p says. At temperature 0 p is one-hot and the rule is the greedy verifier exactly.
     probs: (n+1, vocab), the processed target distributions at [root, candidates...]."""
-    children = candidates.children()
-    path, node, judged = [], 0, 0
-    while True:
+
+    def rule_at(node):
         p = probs[node]
         threshold = min(epsilon, delta * math.exp(-float(torch.special.entr(p).sum())))
-        for child in children[node]:
-            judged += 1
-            if p[candidates.tokens[child - 1]] > threshold:
-                path.append(child)
-                node = child
-                break
-        else:
-            token = int(torch.multinomial(p, 1, generator=generator))
-            return Verdict(path, token, judged, corrected=bool(children[node]))
+        return (lambda child: bool(p[candidates.tokens[child - 1]] > threshold),
+                lambda: int(torch.multinomial(p, 1, generator=generator)))
+
+    return walk(candidates, rule_at)
 
 
-class Medusa:
+class Medusa(Proposer):
     """The Medusa proposer for decode.speculative.generate.
 
     heads: MedusaHeads (or anything with an `n_heads` attribute and a `decoder()` that returns a
-    function from one hidden state (C,) to the heads' logits (K, V)), used as they are now; tree_paths: "chain" or a list of paths (build_tree); typical: None for the
-    exact shared verifier, or (epsilon, delta) for typical acceptance (then `verify` is set, and the
-    loop verifies with it instead of its own exact verifier)."""
-    forwards = 0  # the heads read hidden states the verify pass computed anyway: no extra forward
+    function from one hidden state (C,) to the heads' logits (K, V)), used as they are now;
+    tree_paths: "chain" or a list of paths (build_tree); typical: None for the exact shared
+    verifier, or (epsilon, delta) for typical acceptance, which then replaces it (`verify`).
+    The heads read hidden states the verify pass computed anyway: no draft forward at all."""
 
     def __init__(self, heads, tree_paths="chain", typical=None):
         paths = chain_tree(heads.n_heads) if tree_paths == "chain" else [tuple(p) for p in tree_paths]
@@ -118,7 +117,8 @@ class Medusa:
         # n_within[d]: how many paths are at most d deep; sorted by length, they are a prefix of the list
         self.n_within = [sum(len(p) <= d for p in paths) for d in range(len(paths[-1]) + 1)]
         self.typical = typical
-        self.verify = None if typical is None else self._verify_typical  # the loop's verifier when set
+        if typical is not None:
+            self.verify = self._verify_typical
 
     def start(self, prompt):
         self.hidden = None  # (C,): the target's hidden state that predicted the last token

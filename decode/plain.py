@@ -5,17 +5,9 @@ pass feeds the last token and keeps the target's own next token. It is the basel
 speculative method must say exactly what this says (greedy), or draw from exactly the distribution
 this draws from (sampling), only with fewer target forwards.
 """
+from decode.proposer import Proposer
 
 
-class Plain:
-    max_candidates = 0  # the most tokens a round adds to the verify pass besides the root
-    forwards = 0  # no draft model, no draft forwards
-
-    def start(self, prompt):
-        pass
-
+class Plain(Proposer):
     def propose(self, tokens, max_depth, sampling, generator):
         return None
-
-    def update(self, tokens, verdict, hidden):
-        pass

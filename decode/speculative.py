@@ -11,12 +11,10 @@ Each round:
      target's final hidden states of this pass).
 Plain decoding is the degenerate case: no candidates, one new token per target forward.
 
-Past the context window: the model has block_size learned positions. When the root would no
-longer fit, the cache is emptied and the next pass re-prefills the last half window (the tail is
-then block_size // 2 tokens long): the model keeps at least half a window of context and the next
-slide is half a window away. Candidates are never deeper than the room left in the window, so every
-method predicts every token from the same context, which is what makes greedy speculation
-token-identical to plain greedy.
+Past the context window the cache slides (decode/window.py): when the root would no longer fit,
+the next pass re-prefills the last half window. Candidates are never deeper than the room left in
+the window, so every method predicts every token from the same context, which is what makes greedy
+speculation token-identical to plain greedy.
 """
 import time
 
@@ -27,6 +25,7 @@ from decode.sampling import token_probs
 from decode.stats import DecodeStats
 from decode.tree import Candidates, pass_mask
 from decode.verify import verify_greedy, verify_sampling
+from decode.window import ContextWindow
 
 
 NO_CANDIDATES = Candidates([], [])
@@ -46,19 +45,15 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
     started = time.perf_counter()
     stats = DecodeStats()
     cache = model.new_cache(scratch=proposer.max_candidates + 1)
+    context = ContextWindow(cache, block_size)
     device = cache.k.device
     proposer.start(prompt)
-    lossy_verify = getattr(proposer, "verify", None)
     tokens = list(prompt)
-    window_start, cached = 0, 0  # the cache holds tokens[window_start:cached]
     while len(tokens) - len(prompt) < max_new_tokens:
-        if len(tokens) - window_start > block_size:  # the root would fall outside the window: slide
-            window_start = cached = len(tokens) - block_size // 2
-            cache.rollback(0)
-        tail = tokens[cached:]
-        room = block_size - (len(tokens) - window_start)  # how deep candidates may go
+        context.slide_if_full(len(tokens))  # the root must fit
+        tail = tokens[context.cached:]
         remaining = max_new_tokens - (len(tokens) - len(prompt))
-        depth_limit = min(room, remaining - 1)  # the pass adds one token of its own
+        depth_limit = min(context.room(len(tokens)), remaining - 1)  # the pass adds one token of its own
         candidates = proposer.propose(tokens, depth_limit, sampling, generator) if depth_limit > 0 else None
         candidates = NO_CANDIDATES if candidates is None else candidates
         side = candidates.side.tokens if candidates.side else []
@@ -75,14 +70,14 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         logits, hidden = logits[0, len(tail) - 1:len(tail) + len(candidates)], hidden[0, len(tail) - 1:]
         stats.target_forwards += 1
         stats.pass_sizes[len(logits) + len(side)] += 1
-        if lossy_verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
-            verdict = lossy_verify(logits, candidates, sampling, generator)
+        if proposer.verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
+            verdict = proposer.verify(logits, candidates, sampling, generator)
         elif sampling.greedy:
             verdict = verify_greedy(logits, candidates)
         else:
             verdict = verify_sampling(token_probs(logits, sampling), candidates, generator)
         cache.commit(list(range(len(tail))) + [len(tail) - 1 + c for c in verdict.path])
-        cached = len(tokens) + len(verdict.path)
+        context.cached = len(tokens) + len(verdict.path)
         accepted = [candidates.tokens[c - 1] for c in verdict.path]
         last_source = "target" if not candidates else ("corrected" if verdict.corrected else "bonus")
         new = list(zip(accepted, ["draft"] * len(accepted))) + [(verdict.next_token, last_source)]
@@ -90,7 +85,7 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         if on_token:
             for token, source in new:
                 on_token(token, source)
-        stats.drafted += verdict.judged
+        stats.judged += verdict.judged
         stats.accepted += len(verdict.path)
         proposer.update(tokens, verdict, hidden)
     stats.new_tokens = len(tokens) - len(prompt)

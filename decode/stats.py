@@ -10,7 +10,7 @@ class DecodeStats:
     pass_sizes: Counter = field(default_factory=Counter)  # passes by tokens checked or carried: root,
     #                                                       candidates, side branch (not the uncached context)
     draft_forwards: int = 0
-    drafted: int = 0          # draft tokens the verifier judged
+    judged: int = 0           # candidates the verifier accepted or rejected
     accepted: int = 0         # of those, the ones it kept
     seconds: float = 0.0
 
@@ -21,8 +21,8 @@ class DecodeStats:
 
     @property
     def alpha(self):
-        """Acceptance rate of drafted tokens; None for a method that drafts nothing."""
-        return self.accepted / self.drafted if self.drafted else None
+        """Acceptance rate of the candidates judged; None for a method that proposes nothing."""
+        return self.accepted / self.judged if self.judged else None
 
     def _mean_over_passes(self, value):
         """The mean of value(n) over the passes, n being a pass's size."""

@@ -25,21 +25,30 @@ class Verdict:
     corrected: bool   # True if next_token replaces a rejected candidate, False if it is a bonus
 
 
-def verify_greedy(logits, candidates):
-    """The longest path whose every token is the target's argmax at its parent, then the argmax
-    after it. logits: (n+1, vocab) at [root, candidates...]."""
-    best = logits.argmax(-1).tolist()
+def walk(candidates, rule_at):
+    """The verifier's walk down the candidate tree, shared by every accept rule. At node v (0 = the
+    root) rule_at(v) gives (accept, after): accept(child) judges one child, tried in order until one
+    is accepted and the walk moves to it; when none is, after() is the token that follows v."""
     children = candidates.children()
     path, node, judged = [], 0, 0
     while True:
+        accept, after = rule_at(node)
         for child in children[node]:
             judged += 1
-            if candidates.tokens[child - 1] == best[node]:
+            if accept(child):
                 path.append(child)
                 node = child
                 break
         else:
-            return Verdict(path, best[node], judged, corrected=bool(children[node]))
+            return Verdict(path, after(), judged, corrected=bool(children[node]))
+
+
+def verify_greedy(logits, candidates):
+    """The longest path whose every token is the target's argmax at its parent, then the argmax
+    after it. logits: (n+1, vocab) at [root, candidates...]."""
+    best = logits.argmax(-1).tolist()
+    return walk(candidates, lambda node: (lambda child: candidates.tokens[child - 1] == best[node],
+                                          lambda: best[node]))
 
 
 def residual(p, q):
@@ -52,23 +61,23 @@ def residual(p, q):
 def verify_sampling(probs, candidates, generator=None):
     """Recursive rejection sampling. probs: (n+1, vocab), the processed target distribution
     (temperature, top-k, top-p already applied) at [root, candidates...]."""
-    children = candidates.children()
-    path, node, judged = [], 0, 0
-    while True:
-        p = probs[node]
-        for child in children[node]:
+
+    def rule_at(node):
+        p = probs[node]  # what is left of the target's distribution after the children rejected so far
+
+        def accept(child):
+            nonlocal p
             x = candidates.tokens[child - 1]
             if candidates.draft_probs is None:  # deterministic guess: q is one-hot on x
                 q = torch.zeros_like(p)
                 q[x] = 1.0
             else:
                 q = candidates.draft_probs[child - 1].to(p.dtype)
-            judged += 1
             if torch.rand((), generator=generator, dtype=p.dtype) * q[x] < p[x]:  # prob min(1, p/q)
-                path.append(child)
-                node = child
-                break
+                return True
             p = residual(p, q)
-        else:
-            token = int(torch.multinomial(p, 1, generator=generator))
-            return Verdict(path, token, judged, corrected=bool(children[node]))
+            return False
+
+        return accept, lambda: int(torch.multinomial(p, 1, generator=generator))
+
+    return walk(candidates, rule_at)

@@ -11,11 +11,24 @@ from dataclasses import asdict
 
 import torch
 
-from errors import UserError
 from model.gpt import GPT, GPTConfig
-from model.tokenizer import Tokenizer
+from model.tokenizer import Tokenizer, TokenizerError
 
 FORMAT = "specgpt-1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable, or not the one asked for. `retrain` names the kind
+    of model ("target", "draft", "medusa") whose training would make a good one, when that helps."""
+
+    def __init__(self, message, retrain=None):
+        super().__init__(message)
+        self.retrain = retrain
+
+
+def checkpoint_path(out_dir, kind):
+    """Where a training run keeps its model of `kind`: OUT_DIR/target.pt, draft.pt, medusa.pt."""
+    return os.path.join(out_dir, f"{kind}.pt")
 
 
 def save_checkpoint(path, model, tokenizer, kind="target", **extra):
@@ -35,15 +48,15 @@ def save_checkpoint(path, model, tokenizer, kind="target", **extra):
 def load_checkpoint(path, kind="target"):
     """The raw checkpoint dict at `path`, checked to be a SpecGPT checkpoint of `kind`."""
     if not os.path.exists(path):
-        raise UserError(f"no checkpoint at {path}: run python train.py first")
+        raise CheckpointError(f"no {kind} checkpoint at {path}", retrain=kind)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
-        raise UserError(f"{path} is not a SpecGPT checkpoint ({type(e).__name__})") from e
+        raise CheckpointError(f"{path} is not a SpecGPT checkpoint ({type(e).__name__})") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UserError(f"{path} is not a SpecGPT checkpoint of format {FORMAT}")
+        raise CheckpointError(f"{path} is not a SpecGPT checkpoint of format {FORMAT}")
     if state.get("kind") != kind:
-        raise UserError(f"{path} holds a {state.get('kind')} model, expected a {kind} model")
+        raise CheckpointError(f"{path} holds a {state.get('kind')} model, expected a {kind} model")
     return state
 
 
@@ -53,4 +66,8 @@ def load_model(path, kind="target", device="cpu", dtype=torch.float32):
     model = GPT(GPTConfig(**state["config"]))
     model.load_state_dict(state["model"])
     model.to(device=device, dtype=dtype).eval()
-    return model, Tokenizer(state["tokenizer"]), state
+    try:
+        tokenizer = Tokenizer(state["tokenizer"])
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    return model, tokenizer, state

@@ -16,17 +16,13 @@ fingerprint and `load_medusa` refuses any other target.
 """
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from errors import UserError
-from model.checkpoint import load_checkpoint, save_checkpoint
-
-RETRAIN = "python train.py --what medusa"
+from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -95,6 +91,27 @@ class MedusaHeads(nn.Module):
         return logits
 
 
+HEAD_DECAY = 0.8  # head i's loss weighs 0.8^i: far heads are harder, and used only after the near ones
+
+
+def head_losses(head_logits, labels):
+    """Cross-entropy of each head (list of K scalars). head_logits (K, B, T, V); labels: the next
+    tokens y (B, T), or distributions over them (B, T, V); head i at position t is scored against
+    labels[t+i+1], the token i+2 places beyond t:
+
+        tokens  x0 x1 x2 x3 x4 ...      y[t] = x[t+1] (the target's own job)
+        head 0 at t=0 -> x2 = y[1]      head i at t -> y[t+i+1]; positions past the window are dropped
+        head 1 at t=0 -> x3 = y[2]
+    """
+    return [F.cross_entropy(logits[:, :-(i + 1)].flatten(0, 1).float(), labels[:, i + 1:].flatten(0, 1))
+            for i, logits in enumerate(head_logits)]
+
+
+def heads_loss(losses):
+    """The heads' training loss: sum_i HEAD_DECAY^i CE_i."""
+    return sum(HEAD_DECAY ** i * ce for i, ce in enumerate(losses))
+
+
 # Weights are hashed at float32 (exact for float32 and float64 targets) and at each half precision,
 # as a target loaded in bf16/fp16 has lost the bits a float32 hash would need.
 FINGERPRINT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -127,16 +144,14 @@ def save_medusa(path, heads, target_model, tokenizer, **extra):
 def load_medusa(path, target_model, tokenizer, device="cpu", dtype=torch.float32):
     """(heads in eval mode, raw checkpoint dict) for `target_model`, whose file must be the one the
     heads were trained on. The dict also holds the measured 'accuracies' and the chosen 'tree'."""
-    if not os.path.exists(path):
-        raise UserError(f"no Medusa heads at {path}: train them with {RETRAIN}")
     state = load_checkpoint(path, kind="medusa")
     key, fingerprint = _fingerprint_as_loaded(target_model, tokenizer)
     if state["target"].get(key) != fingerprint:
         if state.get("train_settings", {}).get("joint"):
-            raise UserError(f"{path} holds Medusa-2 heads, which belong to the target trained with them, saved beside "
-                            f"them as medusa-target.pt: decode from a directory holding that file as target.pt and "
-                            f"the heads as medusa.pt")
-        raise UserError(f"{path} was trained for another target model: retrain with {RETRAIN}")
+            raise CheckpointError(f"{path} holds Medusa-2 heads, which belong to the target trained with them, "
+                                  f"saved beside them as medusa-target.pt: decode from a directory holding that "
+                                  f"file as target.pt and the heads as medusa.pt")
+        raise CheckpointError(f"{path} was trained for another target model", retrain="medusa")
     heads = MedusaHeads(target_model, MedusaConfig(**state["config"]))
     heads.load_state_dict(state["model"])
     return heads.to(device=device, dtype=dtype).eval(), state

@@ -11,11 +11,14 @@ from collections import Counter, defaultdict
 import regex
 import tiktoken
 
-from errors import UserError
 
 # tiktoken's GPT-2 (r50k) pre-split pattern, copied out of tiktoken_ext.openai_public.r50k_pat_str
 # because that module is an internal of tiktoken's plugin mechanism, not a stable API.
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+
+
+class TokenizerError(ValueError):
+    """A tokenizer spec that is not valid, or a vocabulary that cannot be had."""
 
 
 def _pairs(word):
@@ -93,19 +96,19 @@ def train_bpe(text, vocab_size):
 def _bpe_ranks(merges):
     """mergeable_ranks for tiktoken from a list of merges, checking that the list is well formed."""
     if not isinstance(merges, (list, tuple)):
-        raise UserError("tokenizer spec is not valid: 'merges' must be a list of [left, right] pairs")
+        raise TokenizerError("tokenizer spec is not valid: 'merges' must be a list of [left, right] pairs")
     vocab = [bytes([b]) for b in range(256)]
     for i, merge in enumerate(merges):
         new_id = 256 + i
         if (not isinstance(merge, (list, tuple)) or len(merge) != 2
                 or not all(type(t) is int and 0 <= t < new_id for t in merge)):
-            raise UserError(f"tokenizer spec is not valid: merge {i} ({merge!r}) must be a pair of "
+            raise TokenizerError(f"tokenizer spec is not valid: merge {i} ({merge!r}) must be a pair of "
                             f"token ids below {new_id}")
         vocab.append(vocab[merge[0]] + vocab[merge[1]])
     ranks = {token: rank for rank, token in enumerate(vocab)}
     # tiktoken keys tokens by their bytes, so two ids with the same bytes would silently collapse
     if len(ranks) != len(vocab):
-        raise UserError("tokenizer spec is not valid: two merges produce the same bytes")
+        raise TokenizerError("tokenizer spec is not valid: two merges produce the same bytes")
     return ranks
 
 
@@ -124,7 +127,7 @@ class Tokenizer:
             try:
                 self.encoding = tiktoken.get_encoding("gpt2")
             except Exception as e:  # the download can fail in many ways (DNS, proxy, SSL, HTTP)
-                raise UserError(
+                raise TokenizerError(
                     f"the GPT-2 vocabulary could not be downloaded or found in tiktoken's cache "
                     f"(set TIKTOKEN_CACHE_DIR to a folder holding it) ({type(e).__name__}: {e}); "
                     f"use the default trained BPE tokenizer instead") from e
@@ -132,7 +135,7 @@ class Tokenizer:
             self.spec = {"kind": "gpt2"}
         else:
             shown = repr(kind) if isinstance(spec, dict) else f"of type {type(spec).__name__}"
-            raise UserError(f"tokenizer spec is not valid: unknown kind {shown} "
+            raise TokenizerError(f"tokenizer spec is not valid: unknown kind {shown} "
                             f"(expected 'bpe' or 'gpt2')")
         self.vocab_size = self.encoding.n_vocab
 
@@ -140,7 +143,7 @@ class Tokenizer:
     def train(cls, text, vocab_size):
         """A byte-level BPE tokenizer with (at most) `vocab_size` tokens, learned on `text`."""
         if vocab_size < 256:
-            raise UserError(f"tokenizer vocab size must be at least 256 (one token per byte), "
+            raise TokenizerError(f"tokenizer vocab size must be at least 256 (one token per byte), "
                             f"got {vocab_size}")
         return cls({"kind": "bpe", "merges": [list(m) for m in train_bpe(text, vocab_size)]})
 

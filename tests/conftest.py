@@ -13,7 +13,7 @@ if not torch.cuda.is_available():  # the Triton kernel runs on the CPU under its
 from model.gpt import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+SHAKESPEARE = ROOT / "tests" / "data" / "shakespeare.txt"  # the first 60 KB of tiny Shakespeare
 
 
 def tiny_model(seed=0, dtype=torch.float64, **overrides):
@@ -49,7 +49,7 @@ def run_cli(*args, timeout=120, env=None):
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
-    """The out-dir of a 30-iteration tiny training run on tiny Shakespeare."""
+    """The out-dir of a 30-iteration tiny training run on the Shakespeare fixture."""
     import train
     out = tmp_path_factory.mktemp("tiny_ckpt")
     train.main(["--data", str(SHAKESPEARE), "--preset", "tiny", "--max-iters", "30", "--vocab-size", "300",

@@ -55,17 +55,28 @@ def test_bench_table_and_profile(tiny_checkpoint):
 
 
 def test_bench_prompt_lookup_rows(tiny_checkpoint):
-    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--methods", "ngram", "--prompt-lookup", "3,5,2", "1,4,8",
-                "--num-prompts", "2", "--max-new-tokens", "8", "--json")
+    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--methods", "prompt-lookup", "--prompt-lookup", "3,5,2",
+                "1,4,8", "--num-prompts", "2", "--max-new-tokens", "8", "--json")
     assert r.returncode == 0, r.stderr
     methods = [row["method"] for row in json.loads(r.stdout)["rows"]]
-    assert methods == ["none", "ngram 3,5,2", "ngram 1,4,8", "none again (noise)"]
+    assert methods == ["none", "prompt-lookup 3,5,2", "prompt-lookup 1,4,8", "none again (noise)"]
+
+
+def test_bench_plots(tiny_checkpoint, tmp_path):
+    pytest.importorskip("matplotlib")
+    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--methods", "draft,jacobi", "--k", "2", "--jacobi", "3",
+                "--num-prompts", "1", "--max-new-tokens", "8", "--plot", tmp_path / "plots")
+    assert r.returncode == 0, r.stderr
+    for name in ("cost_curve.png", "speedup.png"):
+        assert (tmp_path / "plots" / name).read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.parametrize("args,words", [
     (["--lookahead", "5,3"], ["--lookahead", "three"]),
     (["--lookahead", "5,1,5"], ["N must be at least 2"]),
     (["--prompt-lookup", "0,5,2"], ["--prompt-lookup", "1 to 64"]),
+    (["--methods", "draft", "--k", "2", "17"], ["--k", "17"]),
+    (["--methods", "medusa", "--medusa-tree", "bushy"], ["--medusa-tree", "saved"]),
     (["--methods", "warp"], ["unknown method"]),
     (["--num-prompts", "0"], ["--num-prompts"]),
 ])
@@ -84,6 +95,10 @@ def test_bench_bad_input(tiny_checkpoint, args, words):
     (["--spec", "nonsense"], ["--spec", "none"]),
     (["--device", "cuda"], ["CUDA"]),
     (["--prompt-file", "/no/such/file"], ["does not exist"]),
+    (["--spec", "jacobi", "--jacobi", "0"], ["--jacobi", "1 to 64"]),
+    (["--spec", "lookahead", "--lookahead", "2,1,2"], ["N must be at least 2"]),
+    (["--spec", "prompt-lookup", "--prompt-lookup", "3,5"], ["--prompt-lookup", "three"]),
+    (["--spec", "medusa", "--medusa-tree", "300"], ["--medusa-tree", "256"]),
 ])
 def test_generate_bad_input(tiny_checkpoint, args, words):
     if "cuda" in args and torch.cuda.is_available():
@@ -92,7 +107,7 @@ def test_generate_bad_input(tiny_checkpoint, args, words):
 
 
 def test_generate_without_or_with_a_foreign_checkpoint(tmp_path):
-    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "run python train.py first")
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "no target checkpoint", "python train.py")
     (tmp_path / "target.pt").write_bytes(b"not a checkpoint")
     assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "not a SpecGPT checkpoint")
     torch.save({"state_dict": {}}, tmp_path / "target.pt")
@@ -163,7 +178,7 @@ def test_attn_triton_without_cuda_or_interpreter(tiny_checkpoint):
     assert_one_line_error(r, "float64")
 
 
-@pytest.mark.parametrize("tree", [["--tree", "chain"], [], ["--tree-size", "8"]])
+@pytest.mark.parametrize("tree", [["--medusa-tree", "chain"], [], ["--medusa-tree", "8"]])
 def test_generate_medusa_compare_is_identical_to_plain(tiny_checkpoint, tree):
     r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--spec", "medusa", *tree, "--compare",
                 "--temperature", "0", "--dtype", "float64", "--max-new-tokens", "80", "--json")
@@ -185,6 +200,6 @@ def test_medusa_heads_of_another_target_are_refused(tiny_checkpoint, tmp_path):
     state["model"]["transformer.ln_f.bias"] += 1.0  # another target
     torch.save(state, tmp_path / "target.pt")
     r = run_cli("generate.py", "--out-dir", tmp_path, "--spec", "medusa")
-    assert_one_line_error(r, "another target")
+    assert_one_line_error(r, "another target", "python train.py --what medusa")
     (tmp_path / "medusa.pt").unlink()
     assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "medusa"), "--what medusa")

@@ -4,7 +4,7 @@ import urllib.request
 import pytest
 
 import data
-from errors import UserError
+from cli import UserError
 
 
 def test_offline_download_names_the_data_flag(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import torch
 
 import decode.verify
 from decode import Jacobi, Lookahead, PromptLookup, generate
-from decode.cost import ReachTally
+from decode.lookahead import ReachTally
 from decode.lookahead import lookahead_mask
 from decode.sampling import Sampling
 from decode.tree import Candidates, SideBranch, pass_mask
@@ -24,8 +24,8 @@ METHODS = {
     "lookahead 5,4,5 pool-from-prompt": lambda model: Lookahead(model, 5, 4, 5, pool_from_prompt=True),
     "lookahead sized 4,3,3 cheap": lambda model: Lookahead(model, 4, 3, 3, cost=CHEAP),
     "lookahead sized 4,3,3 costly": lambda model: Lookahead(model, 4, 3, 3, cost=COSTLY),
-    "ngram": lambda model: PromptLookup(),
-    "ngram 2,3,1": lambda model: PromptLookup(2, 3, 1),
+    "prompt-lookup": lambda model: PromptLookup(),
+    "prompt-lookup 2,3,1": lambda model: PromptLookup(2, 3, 1),
 }
 
 
@@ -135,7 +135,7 @@ SEEDING_PROMPT = (1, 2, 3, 0, 2, 1, 0, 3, 3, 1, 1, 2, 2, 0, 0, 1, 3, 2, FIRST)
 SAMPLED = {
     "lookahead": (lambda: Lookahead(ToyBigram(TARGET_TABLE), 2, 3, 3, pool_from_prompt=True), 0),
     "lookahead sized": (lambda: Lookahead(ToyBigram(TARGET_TABLE), 2, 3, 3, pool_from_prompt=True, cost=CHEAP), 1),
-    "ngram": (lambda: PromptLookup(2, 3, 2), 0),
+    "prompt-lookup": (lambda: PromptLookup(2, 3, 2), 0),
 }
 
 

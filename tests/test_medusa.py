@@ -18,13 +18,12 @@ from decode.medusa import Medusa, build_tree, chain_tree, expected_length, tree_
 from decode.sampling import Sampling
 from decode.speculative import generate
 from decode.tree import Candidates, verify_mask
-from errors import UserError
-from medusa_train import evaluate, train_medusa
-from model.checkpoint import load_model
+from model.checkpoint import CheckpointError, load_model
 from model.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from model.tokenizer import Tokenizer
 from tests.conftest import assert_matches_prefill, tiny_model
 from tests.test_speculative import PROMPTS, TARGET_TABLE, RecordingTarget, sampled_fit
+from train import HEADS_TRAINING, evaluate_heads, train_heads
 
 TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
 TOKENIZER = Tokenizer({"kind": "bpe", "merges": []})
@@ -176,11 +175,12 @@ def sampled_corpus(model, n_seqs=16, seed=0):
 def test_training_saves_better_heads_with_their_accuracies_and_tree(distill, tmp_path):
     target = tiny_model(seed=0)
     corpus = sampled_corpus(target)
-    untrained = evaluate(target, MedusaHeads(target, MedusaConfig(3)), corpus, 8, 32, 2, "cpu")[1]
+    untrained = evaluate_heads(target, MedusaHeads(target, MedusaConfig(3)), corpus, 8, 32, 2, "cpu")[1]
     path = tmp_path / "medusa.pt"
-    accuracies = train_medusa(target, TOKENIZER, corpus, corpus, str(path), n_heads=3, max_iters=30,
-                              batch_size=8, lr=3e-3, warmup_iters=5, eval_iters=2, tree_size=12,
-                              distill=distill, log=lambda *args: None)
+    opt = dict(HEADS_TRAINING, max_iters=30, batch_size=8, learning_rate=3e-3, min_lr=3e-4, warmup_iters=5,
+               eval_interval=30, eval_iters=2)
+    accuracies = train_heads(target, TOKENIZER, corpus, corpus, str(path), opt, n_heads=3, tree_size=12,
+                             distill=distill, log=lambda *args: None)
     heads, state = load_medusa(path, target, TOKENIZER, dtype=torch.float64)
     assert heads.n_heads == 3 and not heads.config.tied
     assert len(accuracies) == 3 and all(len(a) == 10 and 0 <= sum(a) <= 1 for a in accuracies)
@@ -194,13 +194,13 @@ def test_joint_training_saves_the_new_target_the_heads_belong_to(tmp_path):
     before = copy.deepcopy(target)
     corpus = sampled_corpus(target)
     path = tmp_path / "medusa.pt"
-    train_medusa(target, TOKENIZER, corpus, corpus, str(path), n_heads=2, max_iters=5, batch_size=4,
-                 warmup_iters=1, eval_iters=1, joint=True, log=lambda *args: None)
+    opt = dict(HEADS_TRAINING, max_iters=5, batch_size=4, min_lr=3e-4, warmup_iters=1, eval_interval=5, eval_iters=1)
+    train_heads(target, TOKENIZER, corpus, corpus, str(path), opt, n_heads=2, joint=True, log=lambda *args: None)
     new_target = load_model(tmp_path / "medusa-target.pt", dtype=torch.float64)[0]
     assert torch.equal(new_target.lm_head.weight.float(), target.lm_head.weight.float())  # load_model keeps float32
     assert not torch.equal(target.lm_head.weight, before.lm_head.weight)  # the backbone learned too
     load_medusa(path, new_target, TOKENIZER)
-    with pytest.raises(UserError, match="Medusa-2 heads.*medusa-target.pt"):  # the message says where the target is
+    with pytest.raises(CheckpointError, match="Medusa-2 heads.*medusa-target.pt"):  # the message says where the target is
         load_medusa(path, before, TOKENIZER)
 
 
@@ -212,12 +212,14 @@ def test_heads_refuse_another_target(tmp_path):
     assert state["accuracies"] == GREEDY_ACCURACIES[:2]
     assert load_medusa(path, copy.deepcopy(TARGET).float(), TOKENIZER)[0] is not None  # same weights, float32
     assert load_medusa(path, copy.deepcopy(TARGET).bfloat16(), TOKENIZER)[0] is not None  # and bfloat16
-    with pytest.raises(UserError, match="trained for another target model: retrain with python train.py --what medusa"):
+    with pytest.raises(CheckpointError, match="trained for another target model") as refused:
         load_medusa(path, tiny_model(seed=1), TOKENIZER)
-    with pytest.raises(UserError, match="another target"):  # same weights, another tokenizer
+    assert refused.value.retrain == "medusa"  # the command's advice: retrain the heads
+    with pytest.raises(CheckpointError, match="another target"):  # same weights, another tokenizer
         load_medusa(path, TARGET, Tokenizer({"kind": "bpe", "merges": [[32, 116]]}))
-    with pytest.raises(UserError, match="python train.py --what medusa"):
+    with pytest.raises(CheckpointError, match="no medusa checkpoint") as missing:
         load_medusa(tmp_path / "missing.pt", TARGET, TOKENIZER)
+    assert missing.value.retrain == "medusa"
     save_medusa(tmp_path / "tied.pt", MedusaHeads(TARGET, MedusaConfig(2, tied=True)), TARGET, TOKENIZER)
     tied = load_medusa(tmp_path / "tied.pt", TARGET, TOKENIZER, dtype=torch.float64)[0]
     assert tied.config.tied and tied.shared_head[0] is TARGET.lm_head
@@ -242,7 +244,7 @@ def test_greedy_medusa_is_token_identical_to_plain(tree):
         spec, stats = generate(TARGET, prompt, 60, Sampling(), proposer=Medusa(HEADS, TREES[tree]))
         assert spec == plain_greedy(tuple(prompt))
         assert stats.draft_forwards == 0
-        accepted, judged = accepted + stats.accepted, judged + stats.drafted
+        accepted, judged = accepted + stats.accepted, judged + stats.judged
     assert 0.2 < accepted / judged < 0.9  # the test must exercise both accepted and rejected candidates
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import decode.verify
-from decode import DraftModel, generate
+from decode import DraftModel, Proposer, generate
 from decode.sampling import Sampling, token_probs
 from decode.tree import Candidates
 from tests.conftest import assert_matches_prefill, tiny_model
@@ -47,7 +47,7 @@ def test_greedy_draft_is_token_identical_to_plain(draft, k):
         spec, stats = generate(TARGET, prompt, 60, Sampling(), proposer=proposer)
         assert spec == plain
         assert stats.new_tokens == 60 and stats.target_forwards < 60 + (draft == "unrelated")
-        accepted, judged = accepted + stats.accepted, judged + stats.drafted
+        accepted, judged = accepted + stats.accepted, judged + stats.judged
     if draft != "unrelated":  # the test must exercise accepted runs, not only rejections
         assert accepted / judged > 0.5
 
@@ -74,7 +74,7 @@ class CheckedDraft(DraftModel):
         super().update(tokens, verdict, hidden)
         target = self.recorder.cache  # holds every accepted token but the newest
         assert_matches_prefill(self.recorder.model, target, tokens[len(tokens) - 1 - target.length:-1])
-        assert_matches_prefill(self.draft, self.cache, tokens[self.window_start:self.cached])
+        assert_matches_prefill(self.draft, self.cache, tokens[self.context.start:self.context.cached])
         self.rounds += 1
 
 
@@ -98,12 +98,11 @@ def test_on_token_tells_where_each_token_came_from():
     assert seen == {"draft", "corrected", "bonus", "target"}  # target: no room left before a slide
 
 
-class TopTwoTree:
+class TopTwoTree(Proposer):
     """A test proposer of real trees: the draft's two likeliest next tokens, each followed by the
     draft's greedy continuation (recomputed without a cache). After every round it checks the
     target's cache against a fresh prefill, like CheckedDraft."""
     max_candidates = 6
-    forwards = 0
 
     def __init__(self, draft, recorder):
         self.draft, self.recorder = draft, recorder
@@ -150,12 +149,11 @@ N = 6000  # continuations drawn per statistical test
 TARGET_TABLE, DRAFT_TABLE = random_table(VOCAB, seed=11), random_table(VOCAB, seed=12)
 
 
-class ToyTree:
+class ToyTree(Proposer):
     """Proposes a tree mixing stochastic candidates (i.i.d. draws from the draft, with their q) and
     deterministic ones (q one-hot): at the root two draws and the fixed guess 3; under the first
     draw, one draw and the fixed guess 0."""
     max_candidates = 5
-    forwards = 0
 
     def __init__(self, table):
         self.table = table

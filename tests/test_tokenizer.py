@@ -1,15 +1,13 @@
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import regex
 import tiktoken
 import torch
 
-from errors import UserError
-from model.tokenizer import GPT2_SPLIT_PATTERN, Tokenizer, train_bpe
+from model.tokenizer import GPT2_SPLIT_PATTERN, Tokenizer, TokenizerError, train_bpe
+from tests.conftest import SHAKESPEARE
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
 
 SAMPLES = [
     "",
@@ -25,9 +23,7 @@ SAMPLES = [
 
 @pytest.fixture(scope="module")
 def text():
-    if not SHAKESPEARE.exists():
-        pytest.skip(f"{SHAKESPEARE} not found")
-    return SHAKESPEARE.read_text(encoding="utf-8")[:100_000]
+    return SHAKESPEARE.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -156,12 +152,12 @@ def test_stream_decoder_flushes_dangling_bytes():
     {"kind": "bpe", "merges": [[97, 98], [97, 98]]},  # two ids with the same bytes
 ])
 def test_bad_spec(spec):
-    with pytest.raises(UserError, match="not valid"):
+    with pytest.raises(TokenizerError, match="not valid"):
         Tokenizer(spec)
 
 
 def test_vocab_too_small():
-    with pytest.raises(UserError):
+    with pytest.raises(TokenizerError):
         Tokenizer.train("hello", 255)
 
 
@@ -170,6 +166,6 @@ def test_gpt2_offline(monkeypatch, exc):
     def offline(name):
         raise exc
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    with pytest.raises(UserError, match="GPT-2") as info:
+    with pytest.raises(TokenizerError, match="GPT-2") as info:
         Tokenizer({"kind": "gpt2"})
     assert "TIKTOKEN_CACHE_DIR" in str(info.value) and info.value.__cause__ is exc

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import train
-from errors import UserError
+from cli import UserError
 from model.checkpoint import load_checkpoint, load_model
 from tests.conftest import SHAKESPEARE
 

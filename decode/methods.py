@@ -1,0 +1,143 @@
+"""Every decoding method by name, with its one setting and that setting's default: what the
+commands build a proposer from. The defaults are defined in each method's own module.
+
+    method         setting                      default
+    none           -                            -
+    draft          k: N, auto or heuristic      4
+    jacobi         W: guesses per pass          5
+    lookahead      W,N,G                        2,2,2 (sized to the machine)
+    prompt-lookup  L,P,M                        3,5,2
+    medusa         saved, chain or a tree size  saved
+
+A setting is written the way the command line takes it (`--lookahead 5,3,5`), so that a row of
+bench.py and a run of generate.py with the same words build the same proposer.
+"""
+from dataclasses import dataclass
+
+from decode import draft, jacobi, lookahead, medusa, prompt_lookup
+from decode.plain import Plain
+from model.checkpoint import CheckpointError, checkpoint_path, load_model
+from model.medusa import load_medusa
+
+MAX_SIZE = 64        # the most a window, n-gram or match setting may be
+MAX_TREE_SIZE = 256  # the most candidates a Medusa tree may have
+
+
+class SettingError(ValueError):
+    """A method's setting that is malformed or out of range."""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    flag: str | None       # the command-line flag that carries the setting
+    metavar: str
+    default: str | None
+    needs: str | None      # the checkpoint it needs besides the target's: "draft" or "medusa"
+    help: str
+
+
+def _triple(values):
+    return ",".join(map(str, values))
+
+
+METHODS = {m.name: m for m in [
+    Method("none", None, "", None, None, "plain decoding: one target forward per token"),
+    Method("draft", "--k", "N|auto|heuristic", str(draft.DEFAULT_K), "draft",
+           "draft: guesses per round: a number, auto (chosen each round from the measured costs and "
+           "acceptance) or heuristic (Hugging Face's schedule)"),
+    Method("jacobi", "--jacobi", "W", str(jacobi.DEFAULT_WINDOW), None, "jacobi: guesses per pass"),
+    Method("lookahead", "--lookahead", "W,N,G",
+           _triple((lookahead.WINDOW, lookahead.NGRAM_SIZE, lookahead.MAX_NGRAMS)), None,
+           "lookahead: window columns W, n-gram size N (N-1 Jacobi levels), at most G pool n-grams "
+           "verified per pass"),
+    Method("prompt-lookup", "--prompt-lookup", "L,P,M",
+           _triple((prompt_lookup.MAX_MATCH, prompt_lookup.NUM_PROPOSED, prompt_lookup.NUM_MATCHES)), None,
+           "prompt-lookup: longest suffix looked up L, tokens proposed per match P, matches verified M"),
+    Method("medusa", "--medusa-tree", "saved|chain|N", medusa.DEFAULT_TREE, "medusa",
+           "medusa: the tree saved with the heads, the top-1 of each head as a chain, or a tree of N "
+           "candidates built from the heads' measured accuracies"),
+]}
+
+
+def _sizes(method, setting, count):
+    """`count` comma-separated integers from 1 to MAX_SIZE."""
+    try:
+        values = tuple(int(x) for x in setting.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != count or not all(1 <= v <= MAX_SIZE for v in values):
+        what, example = ("one number", "5") if count == 1 else ("three comma-separated numbers", "5,3,5")
+        raise SettingError(f"{METHODS[method].flag} takes {what} from 1 to {MAX_SIZE}, like {example}; "
+                           f"got {setting!r}")
+    return values
+
+
+def parse_setting(method, setting):
+    """The setting of `method` as its proposer takes it, checked; SettingError if it is not valid."""
+    if method == "draft":
+        try:
+            return draft.parse_k(setting)
+        except ValueError as e:
+            raise SettingError(f"--k: {e}") from None
+    if method == "jacobi":
+        return _sizes(method, setting, 1)[0]
+    if method == "lookahead":
+        values = _sizes(method, setting, 3)
+        if values[1] < 2:
+            raise SettingError(f"--lookahead {setting}: N must be at least 2 (N = 2 is Jacobi decoding with a pool)")
+        return values
+    if method == "prompt-lookup":
+        return _sizes(method, setting, 3)
+    if method == "medusa":
+        if setting in ("saved", "chain"):
+            return setting
+        if not setting.isdigit() or not 1 <= int(setting) <= MAX_TREE_SIZE:
+            raise SettingError(f"--medusa-tree takes saved, chain or a tree size from 1 to {MAX_TREE_SIZE}, "
+                               f"got {setting!r}")
+        return int(setting)
+    if method != "none":
+        raise SettingError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
+    return None
+
+
+def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=lookahead.SIZING,
+                  pool_from_prompt=False, typical=False):
+    """The proposer of `method` with `setting` (parse_setting's input; None = the default).
+    draft_model: the draft GPT, for "draft"; heads: (MedusaHeads, their checkpoint dict), for
+    "medusa". sizing and pool_from_prompt are lookahead's options, typical Medusa's."""
+    value = parse_setting(method, METHODS[method].default if setting is None else setting)
+    if method == "none":
+        return Plain()
+    if method == "draft":
+        return draft.DraftModel(draft_model, *value, target=target)
+    if method == "jacobi":
+        return jacobi.Jacobi(target, value)
+    if method == "lookahead":
+        cost = lookahead.measured_cost(target, *value) if sizing == "auto" else None
+        return lookahead.Lookahead(target, *value, pool_from_prompt=pool_from_prompt, cost=cost)
+    if method == "prompt-lookup":
+        return prompt_lookup.PromptLookup(*value)
+    module, state = heads
+    if value == "saved":
+        paths = state["tree"]
+    elif value == "chain":
+        paths = "chain"
+    else:
+        paths = medusa.build_tree(state["accuracies"], value)
+    return medusa.Medusa(module, paths, typical=medusa.TYPICAL if typical else None)
+
+
+def load_draft(out_dir, tokenizer, device, dtype):
+    """The draft model of out_dir, refused unless it speaks the target's tokenizer."""
+    path = checkpoint_path(out_dir, "draft")
+    model, draft_tokenizer, _ = load_model(path, kind="draft", device=device, dtype=dtype)
+    if draft_tokenizer.spec != tokenizer.spec:
+        raise CheckpointError(f"{path} uses another tokenizer ({draft_tokenizer.name}) than the target "
+                              f"({tokenizer.name})", retrain="draft")
+    return model
+
+
+def load_heads(out_dir, target, tokenizer, device, dtype):
+    """(Medusa heads, their checkpoint dict) of out_dir, refused unless trained on this target."""
+    return load_medusa(checkpoint_path(out_dir, "medusa"), target, tokenizer, device, dtype)

@@ -1,0 +1,40 @@
+"""The contract between the shared loop (decode/speculative.py) and a decoding method.
+
+A proposer guesses; the target decides. Each round the loop asks the proposer for candidates, runs
+them through the target in one verify pass, lets the verifier keep the longest acceptable path, and
+tells the proposer what happened. A proposer never touches the target's cache and never chooses an
+output token, which is why no method can change what the model says.
+
+    start(prompt)                        a new generation begins: reset per-text state
+    propose(tokens, max_depth, sampling, generator) -> Candidates | None
+                                         candidates after the last accepted token, at most
+                                         max_depth deep (the room left in the context window)
+    update(tokens, verdict, hidden)      the round's outcome: tokens now ends with the accepted path
+                                         and the target's next token; hidden holds the pass's final
+                                         hidden states (B=1 removed) at [root, candidates..., side...]
+
+    max_candidates   the most tokens a proposal adds to a pass besides the root (sizes the cache's
+                     scratch space)
+    forwards         draft-model forwards run since start() (0 for methods that draft with the
+                     target itself)
+    verify           None: the loop's exact verifier decides. A method may declare a lossy rule
+                     instead, verify(logits, candidates, sampling, generator) -> Verdict; it must
+                     say so to the user (Medusa's typical acceptance is the one such rule).
+"""
+from decode.tree import Candidates
+from decode.verify import Verdict
+
+
+class Proposer:
+    max_candidates = 0
+    forwards = 0
+    verify = None
+
+    def start(self, prompt: list) -> None:
+        pass
+
+    def propose(self, tokens: list, max_depth: int, sampling, generator) -> Candidates | None:
+        raise NotImplementedError
+
+    def update(self, tokens: list, verdict: Verdict, hidden) -> None:
+        pass

@@ -1,0 +1,63 @@
+"""The layering the code relies on: packages import no command or top-level module, commands
+import packages but never each other, and no module imports itself back through others."""
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGES = ("model", "kernels", "decode")
+COMMANDS = ("train", "generate", "bench")
+
+
+def project_imports(path):
+    """The project modules (dotted names) that the file at `path` imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if module_path(name)}
+
+
+def module_path(name):
+    """The file of project module `name`, or None for anything else (torch, a class name, ...)."""
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def module_name(path):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+SOURCES = [p for p in ROOT.glob("*.py")] + [p for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py")]
+GRAPH = {module_name(p): {module_name(module_path(n)) for n in project_imports(p)} - {module_name(p)}
+         for p in SOURCES}
+
+
+def test_packages_import_only_packages():
+    for module, imports in GRAPH.items():
+        if module.split(".")[0] in PACKAGES:
+            outside = {m for m in imports if m.split(".")[0] not in PACKAGES}
+            assert not outside, f"{module} imports {outside}"
+
+
+def test_commands_never_import_each_other():
+    for command in COMMANDS:
+        assert not GRAPH[command] & set(COMMANDS), f"{command} imports {GRAPH[command] & set(COMMANDS)}"
+    assert not any(set(COMMANDS) & imports for module, imports in GRAPH.items() if module not in COMMANDS)
+
+
+def test_no_import_cycles():
+    def visit(module, stack):
+        assert module not in stack, "import cycle: " + " -> ".join(stack + [module])
+        for imported in GRAPH.get(module, ()):
+            if not imported.startswith(module + "."):  # a package importing its own modules is not a cycle
+                visit(imported, stack + [module])
+    for module in GRAPH:
+        visit(module, [])
