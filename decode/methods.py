@@ -9,8 +9,8 @@ commands build a proposer from. The defaults are defined in each method's own mo
     prompt-lookup  L,P,M                        3,5,2
     medusa         saved, chain or a tree size  saved
 
-A setting is written the way the command line takes it (`--lookahead 5,3,5`), so that a row of
-bench.py and a run of generate.py with the same words build the same proposer.
+A setting is written the way the command line takes it (`--lookahead 5,3,5`), so that a benchmark
+row and a generation with the same words build the same proposer.
 """
 from dataclasses import dataclass
 
