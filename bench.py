@@ -14,7 +14,10 @@ run; a second plain row, last, shows how far apart two identical rows land (the 
 the speedup the cost model predicts from the measured tau:
 tau / (mean r(n) + d*c), with r(n) the target's verify-pass cost curve at each pass's size n
 (averaged over the passes, whose sizes vary for sized lookahead), d the draft forwards per target
-forward and c the draft's step cost (for k draft guesses: r(k+1) + k*c).
+forward and c the draft's step cost (for k draft guesses: r(k+1) + k*c). Greedy rows also say on
+what share of the prompts they wrote exactly plain decoding's tokens: all of them in float64; in
+float32 and below a pass over several tokens rounds differently from single steps, and a near-tie
+can flip.
 """
 import json
 import os
@@ -77,17 +80,20 @@ def held_out_prompts(tokenizer, text, n, length, seed):
 
 
 def run_interleaved(model, proposers, prompts, sampling, max_new_tokens, seed):
-    """Total DecodeStats per row {label: proposer}, rows interleaved round-robin over the prompts."""
+    """(total DecodeStats per row, each row's outputs in prompt order), for rows {label: proposer}
+    interleaved round-robin over the prompts."""
     labels = list(proposers)
     totals = {label: DecodeStats() for label in labels}
+    outputs = {label: [None] * len(prompts) for label in labels}
     for label in labels:  # warm-up: first calls pay for allocation
         generate(model, prompts[0], 4, sampling, proposer=proposers[label])
     for i, prompt in enumerate(prompts):
         for label in labels[i % len(labels):] + labels[:i % len(labels)]:
             generator = torch.Generator(model.lm_head.weight.device).manual_seed(seed + i)  # same draws for all
-            _, stats = generate(model, prompt, max_new_tokens, sampling, generator, proposer=proposers[label])
+            outputs[label][i], stats = generate(model, prompt, max_new_tokens, sampling, generator,
+                                                proposer=proposers[label])
             totals[label] += stats
-    return totals
+    return totals, outputs
 
 
 def print_profile(model, header, json_out):
@@ -206,13 +212,16 @@ def main(argv=None):
 
     text = read_text(args.data or state.get("data"))
     prompts = held_out_prompts(tokenizer, text, args.num_prompts, args.prompt_len, args.seed)
-    totals = run_interleaved(model, proposers, prompts, sampling, args.max_new_tokens, args.seed)
+    totals, outputs = run_interleaved(model, proposers, prompts, sampling, args.max_new_tokens, args.seed)
 
     base = totals["none"].tokens_per_s
     rows = []
     for label, s in totals.items():
         predicted = s.tau / (s.pass_cost(cost["r"]) + cost.get("c", 0.0) * s.draft_forwards / s.target_forwards)
-        rows.append(dict(method=label, tau=s.tau, alpha=s.alpha, target_forwards=s.target_forwards,
+        # greedy: the share of prompts whose text is plain decoding's, token for token. Exact in
+        # float64; in lower precision a pass of several tokens rounds differently from single steps
+        same = sum(a == b for a, b in zip(outputs[label], outputs["none"])) / len(prompts) if sampling.greedy else None
+        rows.append(dict(method=label, identical_to_plain=same, tau=s.tau, alpha=s.alpha, target_forwards=s.target_forwards,
                          draft_forwards=s.draft_forwards, mean_pass=s.mean_pass, tokens_per_s=s.tokens_per_s,
                          speedup=s.tokens_per_s / base, predicted_speedup=predicted, new_tokens=s.new_tokens))
     if args.plot:
@@ -230,11 +239,12 @@ def main(argv=None):
           + f"r(2..{len(cost['r'])}) = " + " ".join(f"{r:.2f}" for r in cost["r"][1:]))
     width = max(28, max(map(len, totals)) + 2)
     print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'target fw':>11}{'draft fw':>10}{'pass':>6}{'tokens/s':>10}"
-          f"{'speedup':>9}{'predicted':>11}")
+          f"{'speedup':>9}{'predicted':>11}" + ("  same as plain" if sampling.greedy else ""))
     for r in rows:
         alpha = "-" if r["alpha"] is None else f"{r['alpha']:.2f}"
         print(f"{r['method']:<{width}}{r['tau']:>6.2f}{alpha:>7}{r['target_forwards']:>11}{r['draft_forwards']:>10}"
-              f"{r['mean_pass']:>6.1f}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{r['predicted_speedup']:>10.2f}x")
+              f"{r['mean_pass']:>6.1f}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{r['predicted_speedup']:>10.2f}x"
+              + (f"  {r['identical_to_plain']:>12.0%}" if sampling.greedy else ""))
     return 0
 
 

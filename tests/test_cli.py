@@ -43,11 +43,13 @@ def test_lookahead_sizings_say_what_plain_says(tiny_checkpoint, sizing):
 
 
 def test_bench_table_and_profile(tiny_checkpoint):
-    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--num-prompts", "2", "--max-new-tokens", "8", "--json")
+    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--num-prompts", "2", "--max-new-tokens", "8",
+                "--dtype", "float64", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["rows"]
     assert rows[0]["method"] == "none" and rows[0]["speedup"] == 1.0 and rows[0]["tau"] == 1.0
     assert rows[-1]["method"] == "none again (noise)" and rows[-1]["tau"] == 1.0
+    assert len(rows) > 20 and all(row["identical_to_plain"] == 1.0 for row in rows)  # every method, greedy
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--profile", "--json")
     assert r.returncode == 0, r.stderr
     curves = json.loads(r.stdout)["profile"]
