@@ -61,7 +61,9 @@ def parse_args(argv=None):
     p.set_defaults(max_new_tokens=128)
     cli.add_device_args(p)
     cli.add_attn_arg(p)
-    p.add_argument("--profile", action="store_true", help="measure r(n) instead of decoding")
+    p.add_argument("--profile", action="store_true",
+                   help="measure r(n) instead of decoding, and drop the costs stored in OUT_DIR/costs.json "
+                        "for this machine, so that the next run that sizes itself measures them again")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="DIR", help="draw the cost curve r(n) and each row's measured and predicted "
                                                  "speedup into DIR/cost_curve.png and DIR/speedup.png "
@@ -152,21 +154,22 @@ def plot(rows, r, header, directory):
     plt.close(fig)
 
 
-def build_rows(args, model, draft, heads, methods):
-    """{row label: proposer}: plain decoding, each method's settings, plain decoding again."""
+def build_rows(args, model, draft, heads, methods, costs):
+    """{row label: proposer}: plain decoding, each method's settings, plain decoding again. The
+    rows that size themselves read the machine's costs as generate.py does (`costs`)."""
     proposers = {"none": Plain()}
     for method in methods:
         if method == "lookahead":  # what generate.py --spec lookahead runs
             default = METHODS["lookahead"].default
-            proposers[f"lookahead {default} sized (default)"] = make_proposer("lookahead", default, model)
+            proposers[f"lookahead {default} sized (default)"] = make_proposer("lookahead", default, model, costs=costs)
         for setting in cli.setting_of(args, method) or []:
             if method == "lookahead":
                 proposers[f"lookahead {setting} fixed"] = make_proposer(method, setting, model, sizing="fixed")
                 if args.sized:
-                    proposers[f"lookahead {setting} sized"] = make_proposer(method, setting, model)
+                    proposers[f"lookahead {setting} sized"] = make_proposer(method, setting, model, costs=costs)
             else:
                 label = f"{method} {setting}" + (f" ({len(heads[1]['tree'])})" if setting == "saved" else "")
-                proposers[label] = make_proposer(method, setting, model, draft, heads)
+                proposers[label] = make_proposer(method, setting, model, draft, heads, costs=costs)
         if method == "medusa":
             proposers["medusa saved typical (LOSSY)"] = make_proposer(method, "saved", model, heads=heads, typical=True)
     proposers[NOISE_ROW] = Plain()  # plain decoding again: how far two identical rows land apart here
@@ -181,6 +184,7 @@ def main(argv=None):
                   params_millions=round(model.num_params() / 1e6, 2), threads=torch.get_num_threads(),
                   sampling="greedy" if sampling.greedy else f"temperature {args.temperature}")
     if args.profile:
+        cli.stored_costs(args, device, dtype).forget()  # the next sized run measures afresh
         print_profile(model, header, args.json)
         return 0
 
@@ -203,7 +207,7 @@ def main(argv=None):
 
     draft = load_draft(args.out_dir, tokenizer, device, dtype) if "draft" in methods else None
     heads = load_heads(args.out_dir, model, tokenizer, device, dtype) if "medusa" in methods else None
-    proposers = build_rows(args, model, draft, heads, methods)
+    proposers = build_rows(args, model, draft, heads, methods, cli.stored_costs(args, device, dtype))
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)
     cost = dict(r=cost_curve(model, max_pass, prefix)[0])

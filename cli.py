@@ -1,11 +1,13 @@
 """What the command-line tools share: argument parsing, device and dtype choice, loading the
 target, the sampling and method flags, and turning bad input into one line of advice."""
 import argparse
+import os
 import sys
 
 import torch
 
 import kernels
+from decode.cost import StoredCosts
 from decode.lookahead import SIZING
 from decode.methods import METHODS, SettingError
 from decode.sampling import Sampling
@@ -139,6 +141,21 @@ def setting_of(args, method):
     """The value of `method`'s setting flag in args (None for plain decoding)."""
     flag = METHODS[method].flag
     return getattr(args, flag.lstrip("-").replace("-", "_")) if flag else None
+
+
+def stored_costs(args, device, dtype):
+    """The pass costs measured on this machine for the checkpoints of args.out_dir, kept in
+    OUT_DIR/costs.json: a run that sizes itself to the machine measures them once, later runs read
+    them (bench.py --profile drops them). A retrained checkpoint is another file, so new costs."""
+    files = [checkpoint_path(args.out_dir, kind) for kind in ("target", "draft")]
+    signature = " ".join(f"{os.path.basename(f)} {os.stat(f).st_size} {os.stat(f).st_mtime_ns}"
+                         for f in files if os.path.exists(f))
+    machine = f"{signature} | {device} {str(dtype).removeprefix('torch.')} attn={args.attn} threads={torch.get_num_threads()}"
+
+    def say(name):
+        print(f"measuring this machine's pass costs for {name} (once: kept in {args.out_dir}/costs.json)",
+              file=sys.stderr)
+    return StoredCosts(os.path.join(args.out_dir, "costs.json"), machine, on_measure=say)
 
 
 def setup(args):

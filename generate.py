@@ -60,6 +60,7 @@ def main(argv=None):
     parse_setting(args.spec, setting)  # bad settings are refused before anything is loaded
     prompt = read_prompt(args)
     sampling, device, dtype, model, tokenizer, _ = cli.setup(args)
+    costs = cli.stored_costs(args, device, dtype)
     prompt_ids = tokenizer.encode(prompt)
     if len(prompt_ids) > model.config.block_size:
         raise cli.UserError(f"the prompt is {len(prompt_ids)} tokens, longer than the model's context of "
@@ -68,7 +69,8 @@ def main(argv=None):
     draft = load_draft(args.out_dir, tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_heads(args.out_dir, model, tokenizer, device, dtype) if args.spec == "medusa" else None
     proposer = make_proposer(args.spec, setting, model, draft, heads,
-                             sizing=args.sizing, pool_from_prompt=args.pool_from_prompt, typical=args.typical)
+                             sizing=args.sizing, pool_from_prompt=args.pool_from_prompt, typical=args.typical,
+                             costs=costs)
 
     if args.compare:  # a first call pays for allocation and cold caches: neither timed run should
         for warm_up in (proposer, Plain()):

@@ -5,6 +5,8 @@ r(n) = time of one forward with n new tokens / time with 1. On a GPU r(n) stays 
 grows sooner, and it decides whether checking k guesses at once can beat k plain steps at all.
 """
 import itertools
+import json
+import os
 import statistics
 import time
 
@@ -70,6 +72,51 @@ def cost_curve(model, max_n, prefix, repeats=7, tree=False):
                 times.append(seconds)
     medians = list(itertools.accumulate(map(statistics.median, samples), max))
     return [m / medians[0] for m in medians], medians[0]
+
+
+class StoredCosts:
+    """Cost measurements kept in a JSON file and reused, since timing the machine takes longer than
+    a short generation. `machine` names everything a cost depends on (the model files, device,
+    dtype, attention backend, threads); each machine's costs are kept apart under it. path=None
+    keeps nothing: every cost is measured when asked for."""
+
+    def __init__(self, path=None, machine="", on_measure=None):
+        self.path, self.machine = path, machine
+        self.on_measure = on_measure  # called with a cost's name before it is measured
+
+    def _read(self):
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                stored = json.load(f)
+        except (OSError, ValueError):  # none yet, unreadable or not JSON: measure again
+            return {}
+        return stored if isinstance(stored, dict) else {}
+
+    def _write(self, stored):
+        try:
+            with open(self.path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(stored, f)
+            os.replace(self.path + ".tmp", self.path)
+        except OSError:
+            pass  # a read-only directory: the costs are measured again next time
+
+    def get(self, name, measure):
+        """The cost called `name`, from the file if it was measured before, else measure() now."""
+        stored = self._read() if self.path else {}
+        costs = stored.get(self.machine, {})
+        if name not in costs:
+            if self.on_measure:
+                self.on_measure(name)
+            costs[name] = measure()
+            if self.path:
+                self._write(dict(stored, **{self.machine: costs}))
+        return costs[name]
+
+    def forget(self):
+        """Drop this machine's costs, so that the next use measures them again."""
+        stored = self._read() if self.path else {}
+        if stored.pop(self.machine, None) is not None:
+            self._write(stored)
 
 
 def extended(r, size):

@@ -41,16 +41,23 @@ def parse_k(value):
     return int(value), "fixed"
 
 
+def measured_costs(target, draft):
+    """(r, c) for "auto": the target's chain-pass cost curve r(1..AUTO_K_MAX+1) and the draft's step
+    cost c in target steps, timed here and now."""
+    r, target_step = cost_curve(target, AUTO_K_MAX + 1, profile_prefix(target))
+    return r, forward_seconds(draft, 1, profile_prefix(draft)) / target_step
+
+
 class DraftModel(Proposer):
-    def __init__(self, draft, k=DEFAULT_K, schedule="fixed", target=None):
+    def __init__(self, draft, k=DEFAULT_K, schedule="fixed", target=None, costs=None):
+        """schedule "auto" needs the costs (r, c) of measured_costs: given, or measured from `target`."""
         self.draft = draft
         self.schedule = schedule
         self.k_max = k if schedule == "fixed" else AUTO_K_MAX
         self.k_start = k
         self.max_candidates = self.k_max
-        if schedule == "auto":  # measured once: the cost model of the choice
-            self.r, target_step = cost_curve(target, self.k_max + 1, profile_prefix(target))
-            self.c = forward_seconds(draft, 1, profile_prefix(draft)) / target_step
+        if schedule == "auto":  # the cost model of the choice
+            self.r, self.c = costs or measured_costs(target, draft)
 
     def start(self, prompt):
         self.cache = self.draft.new_cache(scratch=1)

@@ -15,6 +15,7 @@ row and a generation with the same words build the same proposer.
 from dataclasses import dataclass
 
 from decode import draft, jacobi, lookahead, medusa, prompt_lookup
+from decode.cost import StoredCosts
 from decode.plain import Plain
 from model.checkpoint import CheckpointError, checkpoint_path, load_model
 from model.medusa import load_medusa
@@ -102,19 +103,26 @@ def parse_setting(method, setting):
 
 
 def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=lookahead.SIZING,
-                  pool_from_prompt=False, typical=False):
+                  pool_from_prompt=False, typical=False, costs=None):
     """The proposer of `method` with `setting` (parse_setting's input; None = the default).
     draft_model: the draft GPT, for "draft"; heads: (MedusaHeads, their checkpoint dict), for
-    "medusa". sizing and pool_from_prompt are lookahead's options, typical Medusa's."""
+    "medusa". sizing and pool_from_prompt are lookahead's options, typical Medusa's. costs: the
+    StoredCosts that the methods which size themselves to the machine read their costs from (by
+    default they are measured now)."""
     value = parse_setting(method, METHODS[method].default if setting is None else setting)
+    costs = costs or StoredCosts()
     if method == "none":
         return Plain()
     if method == "draft":
-        return draft.DraftModel(draft_model, *value, target=target)
+        k, schedule = value
+        measured = (costs.get("draft auto", lambda: draft.measured_costs(target, draft_model))
+                    if schedule == "auto" else None)
+        return draft.DraftModel(draft_model, k, schedule, costs=measured)
     if method == "jacobi":
         return jacobi.Jacobi(target, value)
     if method == "lookahead":
-        cost = lookahead.measured_cost(target, *value) if sizing == "auto" else None
+        cost = (costs.get("lookahead " + ",".join(map(str, value)),
+                          lambda: lookahead.measured_cost(target, *value)) if sizing == "auto" else None)
         return lookahead.Lookahead(target, *value, pool_from_prompt=pool_from_prompt, cost=cost)
     if method == "prompt-lookup":
         return prompt_lookup.PromptLookup(*value)
