@@ -30,6 +30,7 @@ from data import read_text, split_text
 from decode import Plain, generate
 from decode.cost import cost_curve, forward_seconds, profile_prefix
 from decode.methods import METHODS, load_draft, load_heads, make_proposer, parse_setting
+from decode.speculative import PHASES
 from decode.stats import DecodeStats
 from model.checkpoint import checkpoint_path
 
@@ -64,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="measure r(n) instead of decoding, and drop the costs stored in OUT_DIR/costs.json "
                         "for this machine, so that the next run that sizes itself measures them again")
+    p.add_argument("--profile-loop", action="store_true",
+                   help="also say where each row's rounds spent their time: milliseconds per round proposing, "
+                        "in the target's pass, verifying, committing, in the method's update, and elsewhere")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="DIR", help="draw the cost curve r(n) and each row's measured and predicted "
                                                  "speedup into DIR/cost_curve.png and DIR/speedup.png "
@@ -225,7 +229,9 @@ def main(argv=None):
         # greedy: the share of prompts whose text is plain decoding's, token for token. Exact in
         # float64; in lower precision a pass of several tokens rounds differently from single steps
         same = sum(a == b for a, b in zip(outputs[label], outputs["none"])) / len(prompts) if sampling.greedy else None
-        rows.append(dict(method=label, identical_to_plain=same, tau=s.tau, alpha=s.alpha, target_forwards=s.target_forwards,
+        ms_per_round = {phase: 1e3 * s.phase_seconds[phase] / s.rounds for phase in PHASES}
+        ms_per_round["other"] = 1e3 * s.seconds / s.rounds - sum(ms_per_round.values())  # slides, set-up
+        rows.append(dict(method=label, identical_to_plain=same, ms_per_round=ms_per_round, tau=s.tau, alpha=s.alpha, target_forwards=s.target_forwards,
                          draft_forwards=s.draft_forwards, mean_pass=s.mean_pass, tokens_per_s=s.tokens_per_s,
                          speedup=s.tokens_per_s / base, predicted_speedup=predicted, new_tokens=s.new_tokens))
     if args.plot:
@@ -249,6 +255,12 @@ def main(argv=None):
         print(f"{r['method']:<{width}}{r['tau']:>6.2f}{alpha:>7}{r['target_forwards']:>11}{r['draft_forwards']:>10}"
               f"{r['mean_pass']:>6.1f}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{r['predicted_speedup']:>10.2f}x"
               + (f"  {r['identical_to_plain']:>12.0%}" if sampling.greedy else ""))
+    if args.profile_loop:
+        phases = list(rows[0]["ms_per_round"])
+        print(f"\nmilliseconds per round\n{'method':<{width}}" + "".join(f"{p:>9}" for p in phases) + f"{'round':>9}")
+        for r in rows:
+            ms = r["ms_per_round"]
+            print(f"{r['method']:<{width}}" + "".join(f"{ms[p]:>9.3f}" for p in phases) + f"{sum(ms.values()):>9.3f}")
     return 0
 
 

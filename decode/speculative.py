@@ -29,6 +29,7 @@ from decode.window import ContextWindow
 
 
 NO_CANDIDATES = Candidates([], [])
+PHASES = ("propose", "pass", "verify", "commit", "update")  # of a round, in order (DecodeStats.phase_seconds)
 
 
 @torch.inference_mode()
@@ -49,13 +50,16 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
     device = cache.k.device
     proposer.start(prompt)
     tokens = list(prompt)
+    clock, phases = time.perf_counter, stats.phase_seconds
     while len(tokens) - len(prompt) < max_new_tokens:
+        t0 = clock()
         context.slide_if_full(len(tokens))  # the root must fit
         tail = tokens[context.cached:]
         remaining = max_new_tokens - (len(tokens) - len(prompt))
         depth_limit = min(context.room(len(tokens)), remaining - 1)  # the pass adds one token of its own
         candidates = proposer.propose(tokens, depth_limit, sampling, generator) if depth_limit > 0 else None
         candidates = NO_CANDIDATES if candidates is None else candidates
+        t1 = clock()
         side = candidates.side.tokens if candidates.side else []
         idx = torch.tensor([tail + candidates.tokens + side], device=device)
         pos = mask = None  # a chain needs neither: it is a causal run of consecutive positions
@@ -70,12 +74,14 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         logits, hidden = logits[0, len(tail) - 1:len(tail) + len(candidates)], hidden[0, len(tail) - 1:]
         stats.target_forwards += 1
         stats.pass_sizes[len(logits) + len(side)] += 1
+        t2 = clock()
         if proposer.verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
             verdict = proposer.verify(logits, candidates, sampling, generator)
         elif sampling.greedy:
             verdict = verify_greedy(logits, candidates)
         else:
             verdict = verify_sampling(token_probs(logits, sampling), candidates, generator)
+        t3 = clock()
         cache.commit(list(range(len(tail))) + [len(tail) - 1 + c for c in verdict.path])
         context.cached = len(tokens) + len(verdict.path)
         accepted = [candidates.tokens[c - 1] for c in verdict.path]
@@ -87,7 +93,11 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
                 on_token(token, source)
         stats.judged += verdict.judged
         stats.accepted += len(verdict.path)
+        t4 = clock()
         proposer.update(tokens, verdict, hidden)
+        t5 = clock()
+        for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            phases[phase] += seconds
     stats.new_tokens = len(tokens) - len(prompt)
     stats.draft_forwards = proposer.forwards
     stats.seconds = time.perf_counter() - started

@@ -13,6 +13,9 @@ class DecodeStats:
     judged: int = 0           # candidates the verifier accepted or rejected
     accepted: int = 0         # of those, the ones it kept
     seconds: float = 0.0
+    # where the time of the rounds went: "propose", "pass" (inputs built and the target's forward),
+    # "verify", "commit" (the cache, the token list, streaming) and "update" (the method's own)
+    phase_seconds: Counter = field(default_factory=Counter)
 
     @property
     def tau(self):
@@ -35,6 +38,10 @@ class DecodeStats:
     def pass_cost(self, r):
         """Mean cost of a pass in single-token steps, for the cost curve r = [r(1), r(2), ...]."""
         return self._mean_over_passes(lambda n: r[min(n, len(r)) - 1])
+
+    @property
+    def rounds(self):
+        return self.pass_sizes.total()
 
     @property
     def tokens_per_s(self):
