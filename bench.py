@@ -17,7 +17,7 @@ tau / (mean r(n) + d*c), with r(n) the target's verify-pass cost curve at each p
 forward and c the draft's step cost (for k draft guesses: r(k+1) + k*c). Greedy rows also say on
 what share of the prompts they wrote exactly plain decoding's tokens: all of them in float64; in
 float32 and below a pass over several tokens rounds differently from single steps, and a near-tie
-can flip.
+can flip. A second table says where each row's rounds spent their time.
 """
 import json
 import os
@@ -65,9 +65,6 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="measure r(n) instead of decoding, and drop the costs stored in OUT_DIR/costs.json "
                         "for this machine, so that the next run that sizes itself measures them again")
-    p.add_argument("--profile-loop", action="store_true",
-                   help="also say where each row's rounds spent their time: milliseconds per round proposing, "
-                        "in the target's pass, verifying, committing, in the method's update, and elsewhere")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="DIR", help="draw the cost curve r(n) and each row's measured and predicted "
                                                  "speedup into DIR/cost_curve.png and DIR/speedup.png "
@@ -255,12 +252,11 @@ def main(argv=None):
         print(f"{r['method']:<{width}}{r['tau']:>6.2f}{alpha:>7}{r['target_forwards']:>11}{r['draft_forwards']:>10}"
               f"{r['mean_pass']:>6.1f}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{r['predicted_speedup']:>10.2f}x"
               + (f"  {r['identical_to_plain']:>12.0%}" if sampling.greedy else ""))
-    if args.profile_loop:
-        phases = list(rows[0]["ms_per_round"])
-        print(f"\nmilliseconds per round\n{'method':<{width}}" + "".join(f"{p:>9}" for p in phases) + f"{'round':>9}")
-        for r in rows:
-            ms = r["ms_per_round"]
-            print(f"{r['method']:<{width}}" + "".join(f"{ms[p]:>9.3f}" for p in phases) + f"{sum(ms.values()):>9.3f}")
+    phases = list(rows[0]["ms_per_round"])  # where the rounds' time went
+    print(f"\nmilliseconds per round\n{'method':<{width}}" + "".join(f"{p:>9}" for p in phases) + f"{'round':>9}")
+    for r in rows:
+        ms = r["ms_per_round"]
+        print(f"{r['method']:<{width}}" + "".join(f"{ms[p]:>9.3f}" for p in phases) + f"{sum(ms.values()):>9.3f}")
     return 0
 
 
