@@ -148,8 +148,8 @@ def stored_costs(args, device, dtype):
     OUT_DIR/costs.json: a run that sizes itself to the machine measures them once, later runs read
     them (bench.py --profile drops them). A retrained checkpoint is another file, so new costs."""
     files = [checkpoint_path(args.out_dir, kind) for kind in ("target", "draft")]
-    signature = " ".join(f"{os.path.basename(f)} {os.stat(f).st_size} {os.stat(f).st_mtime_ns}"
-                         for f in files if os.path.exists(f))
+    stats = {os.path.basename(f): os.stat(f) for f in files if os.path.exists(f)}
+    signature = " ".join(f"{name} {st.st_size} {st.st_mtime_ns}" for name, st in stats.items())
     machine = f"{signature} | {device} {str(dtype).removeprefix('torch.')} attn={args.attn} threads={torch.get_num_threads()}"
 
     def say(name):

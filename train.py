@@ -274,7 +274,9 @@ def train_heads(target, tokenizer, train, val, out_path, opt, n_heads=4, tied=Fa
         f"{sum(p.numel() for p in heads.parameters()) / 1e6:.2f}M parameters, {what}, "
         f"{opt['max_iters']} iterations of {opt['batch_size']} x {block_size} tokens")
 
-    def evaluate(): return evaluate_heads(target, heads, val, opt["batch_size"], block_size, opt["eval_iters"], device)
+    def evaluate():
+        return evaluate_heads(target, heads, val, opt["batch_size"], block_size, opt["eval_iters"], device)
+
     lm_before = evaluate()[0] if joint else None
 
     def step_loss(x, y):
