@@ -37,8 +37,11 @@ def set_backend(name):
 
 def attention(q, k, v, mask=None, backend=None):
     """Attention of n new queries over P cached + n new keys; see kernels/reference.py for the contract.
-    q: (B, H, n, D); k, v: (B, H, P+n, D); mask: None (causal) or bool (n, n). Returns (B, H, n, D)."""
+    q: (B, H, n, D); k, v: (B, H, P+n, D); mask: None (causal), bool (n, n) among the new positions,
+    or bool (n, P+n) over every key. Returns (B, H, n, D)."""
     backend = backend or _backend
+    if mask is not None and mask.size(-1) != q.size(-2):
+        backend = "torch"  # a mask over every key is the static-shape path's, which the reference serves
     if backend == "auto":
         backend = "triton" if q.is_cuda and q.dtype in TRITON_DTYPES and triton_usable(q.device) else "torch"
     if backend == "torch":

@@ -17,7 +17,9 @@ def reference_attention(q, k, v, mask=None):
     """Scaled dot-product attention of n new queries over P prefix + n new keys.
 
     q: (B, H, n, D); k, v: (B, H, P+n, D), the cached prefix followed by the n new positions.
-    mask: None for causal among the new positions, or a bool (n, n) tensor, True = may attend.
+    mask: None for causal among the new positions, or a bool (n, n) tensor, True = may attend,
+        or a bool (n, P+n) tensor over every key (the static-shape path's, model/compiled.py: its
+        cache is read whole, so the mask, not the slice, says where the prefix ends).
     Each row of the mask must allow at least one key when P == 0 (tree masks always allow the diagonal).
     Returns (B, H, n, D).
     """
@@ -33,8 +35,11 @@ def reference_attention(q, k, v, mask=None):
         # query i sees the prefix and new positions 0..i: keys 0..prefix+i
         full = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(prefix)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=full)
-    if mask.shape != (n, n) or mask.dtype != torch.bool:
-        raise ValueError(f"attention: mask must be a bool ({n}, {n}) tensor, got {mask.dtype} {tuple(mask.shape)}")
+    if mask.dtype != torch.bool or mask.shape not in ((n, n), (n, total)):
+        raise ValueError(f"attention: mask must be a bool ({n}, {n}) or ({n}, {total}) tensor, "
+                         f"got {mask.dtype} {tuple(mask.shape)}")
+    if mask.shape == (n, total):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     full = torch.ones(n, total, dtype=torch.bool, device=q.device)  # (n, P+n)
     full[:, prefix:] = mask
     return F.scaled_dot_product_attention(q, k, v, attn_mask=full)

@@ -130,10 +130,11 @@ class GPT(nn.Module):
         return_hidden: also return the final hidden states (B, n, n_embd), after ln_f.
         """
         B, n = idx.size()
-        prefix = 0 if cache is None else cache.length
         if pos is None:
+            prefix = 0 if cache is None else cache.length
             pos = torch.arange(prefix, prefix + n, device=idx.device)  # (n,)
-        if n == 0 or int(pos.max()) >= self.config.block_size:
+        # the check reads a tensor's value, which a compiled graph cannot; model/compiled.py checks first
+        if not torch.compiler.is_compiling() and (n == 0 or int(pos.max()) >= self.config.block_size):
             raise ValueError(f"positions must lie in [0, {self.config.block_size}), got {n} tokens "
                              f"up to position {int(pos.max()) if n else None}")
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, n, C)

@@ -15,6 +15,7 @@ import decode.verify
 from decode import DraftModel, Proposer, generate
 from decode.sampling import Sampling, token_probs
 from decode.tree import Candidates
+from model.compiled import StaticGPT
 from tests.conftest import assert_matches_prefill, tiny_model
 from tests.toys import ToyBigram, chi_square, chi_square_critical, exact_joint, random_table, total_variation
 
@@ -67,21 +68,29 @@ class RecordingTarget(torch.nn.Module):
         return self.model(*args, **kwargs)
 
 
+def eager(model):
+    """The eager reference of a model that may run on the static path."""
+    return model.model if isinstance(model, StaticGPT) else model
+
+
 class CheckedDraft(DraftModel):
     """After every round, both caches must equal fresh prefills of the tokens they claim to hold."""
 
     def update(self, tokens, verdict, hidden):
         super().update(tokens, verdict, hidden)
         target = self.recorder.cache  # holds every accepted token but the newest
-        assert_matches_prefill(self.recorder.model, target, tokens[len(tokens) - 1 - target.length:-1])
-        assert_matches_prefill(self.draft, self.cache, tokens[self.context.start:self.context.cached])
+        assert_matches_prefill(eager(self.recorder.model), target, tokens[len(tokens) - 1 - target.length:-1])
+        assert_matches_prefill(eager(self.draft), self.cache, tokens[self.context.start:self.context.cached])
         self.rounds += 1
 
 
+@pytest.mark.parametrize("path", ["eager", "static"])
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0)])
-def test_caches_equal_fresh_prefills_after_every_round(sampling):
-    recorder = RecordingTarget(TARGET)
-    proposer = CheckedDraft(DRAFTS["medium"], k=5)
+def test_caches_equal_fresh_prefills_after_every_round(sampling, path):
+    """Also on the static-shape path (model/compiled.py, run uncompiled), whose passes are padded."""
+    static = StaticGPT if path == "static" else (lambda model: model)
+    recorder = RecordingTarget(static(TARGET))
+    proposer = CheckedDraft(static(DRAFTS["medium"]), k=5)
     proposer.recorder, proposer.rounds = recorder, 0
     generate(recorder, [3, 1, 4], 70, sampling, torch.Generator().manual_seed(0), proposer=proposer)
     assert proposer.rounds > 10

@@ -1,0 +1,150 @@
+"""The compiled path: every pass of the model at a few static shapes, as gpt-fast runs its decode.
+
+A compiler makes a pass fast by fusing its operators and, on a CPU, by generating GEMM
+micro-kernels for the exact shapes, but it needs shapes that do not change. A pass has n new
+tokens after a committed prefix of P tokens, and both vary, so:
+  - n is padded up to a bucket (1, 2, 4, ..., 64). The padding rows come after the real ones; their
+    K/V land in scratch slots that no commit keeps (the cache's `pending` counts only the n real
+    entries) and their outputs are sliced off;
+  - attention reads the cache's whole capacity under a mask over every slot: the committed prefix,
+    then the pass's own n x n mask (causal, or the tree's), nothing else. P is a tensor in the
+    graph, so one compiled graph serves every prefix length;
+  - the new K/V are written with index_copy_ at the tensor positions P .. P+b-1.
+Inside runs the model's own forward, the eager reference, handed a cache view that writes at tensor
+positions and a mask over every key: there is one model, compiled or not. Passes larger than the
+largest bucket (a long prompt's prefill) run eagerly.
+
+Each bucket is compiled ahead of time with AOTInductor into a package on disk (weights frozen in as
+constants, GEMMs autotuned), built on its first use and loaded in a moment afterwards. In-process
+torch.compile builds the same kernels, but its on-disk cache refuses graphs holding the CPU's
+prepacked weights, so it would compile every bucket again in every run (10-15 s each here).
+Without a package folder the static pass runs eagerly: slower than the plain model, but it checks
+the padding, masking and writing above against the reference.
+"""
+import contextlib
+import io
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# weights frozen in as constants; GEMMs chosen by timing inductor's own against the library's
+COMPILE_OPTIONS = {"freezing": True, "max_autotune": True}
+GEMM_BACKENDS = {"cpu": "CPP,ATEN", "cuda": "TRITON,ATEN"}
+
+
+class _StaticCacheView:
+    """What GPT.forward asks of a cache, for a static pass: store the new K/V at tensor positions
+    and attend over the whole cache (the mask says which slots count)."""
+
+    def __init__(self, k, v, slots):
+        self.k, self.v, self.slots = k, v, slots  # k, v: (L, B, nh, capacity, hs); slots: (b,)
+
+    def write(self, layer, k_new, v_new):
+        self.k[layer].index_copy_(2, self.slots, k_new)
+        self.v[layer].index_copy_(2, self.slots, v_new)
+        return self.k[layer], self.v[layer]  # (B, nh, capacity, hs)
+
+
+class StaticPass(nn.Module):
+    """One padded pass of b tokens, every input a tensor of fixed shape: what gets compiled."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx, pos, prefix, inner, k, v):
+        """idx (1, b), pos (b,); prefix: 0-d tensor, the committed length; inner: bool (b, b), who
+        sees whom among the new tokens; k, v: the cache's tensors, written in place.
+        Returns logits (1, b, vocab) and final hidden states (1, b, C)."""
+        b = idx.size(1)
+        key = torch.arange(k.size(3), device=idx.device)  # (capacity,)
+        offset = key - prefix  # a key's place among the new tokens
+        new = (offset >= 0) & (offset < b)
+        mask = (key < prefix)[None, :] | (new[None, :] & inner[:, offset.clamp(0, b - 1)])  # (b, capacity)
+        slots = prefix + torch.arange(b, device=idx.device)
+        return self.model(idx, _StaticCacheView(k, v, slots), pos=pos, mask=mask, return_hidden=True)
+
+
+class StaticGPT:
+    """A GPT whose cached passes run at static shapes, called like the model, with the same results.
+
+    package_dir: where the compiled passes are kept (one package per bucket); None runs the static
+    pass eagerly. on_compile(bucket, seconds) is told of each bucket compiled for the first time."""
+
+    def __init__(self, model, package_dir=None, buckets=BUCKETS, on_compile=None):
+        self.model, self.config, self.lm_head = model, model.config, model.lm_head
+        self.package_dir, self.buckets, self.on_compile = package_dir, buckets, on_compile
+        self.static_pass = StaticPass(model)
+        self.passes = {}  # bucket -> a callable running StaticPass at that size
+        device = model.lm_head.weight.device
+        eye = torch.eye(buckets[-1], dtype=torch.bool, device=device)
+        self._causal = eye.cumsum(0).bool()  # lower triangle: row i sees 0..i
+        self._eye = eye
+
+    def new_cache(self, batch_size=1, scratch=0):
+        # one capacity for every method, so that each bucket is compiled once, with room for the padding
+        return self.model.new_cache(batch_size, max(scratch, self.buckets[-1]))
+
+    @torch.inference_mode()
+    def __call__(self, idx, cache=None, pos=None, mask=None, return_hidden=False):
+        B, n = idx.size()
+        bucket = next((b for b in self.buckets if b >= n), None)
+        if cache is None or bucket is None or B != 1:
+            return self.model(idx, cache, pos=pos, mask=mask, return_hidden=return_hidden)
+        prefix = cache.length
+        if pos is None:
+            pos = torch.arange(prefix, prefix + n, device=idx.device)
+        if int(pos.max()) >= self.config.block_size:
+            raise ValueError(f"positions must lie in [0, {self.config.block_size}), got up to {int(pos.max())}")
+        if prefix + bucket > cache.capacity:
+            raise RuntimeError(f"KV cache overflow: {prefix} committed + a pass padded to {bucket} > "
+                               f"capacity {cache.capacity}")
+        if mask is None:
+            inner = self._causal[:bucket, :bucket]
+        else:
+            inner = self._eye[:bucket, :bucket].clone()  # padding rows see only themselves
+            inner[:n, :n] = mask
+        pad = bucket - n
+        args = (nn.functional.pad(idx, (0, pad)), nn.functional.pad(pos, (0, pad)),
+                torch.tensor(prefix, device=idx.device), inner, cache.k, cache.v)
+        if bucket not in self.passes:
+            self.passes[bucket] = self._load_or_compile(bucket, args)
+        logits, hidden = self.passes[bucket](*args)
+        cache.pending = n
+        logits, hidden = logits[:, :n], hidden[:, :n]
+        return (logits, hidden) if return_hidden else logits
+
+    def package_path(self, bucket, capacity):
+        return os.path.join(self.package_dir, f"pass{bucket}-capacity{capacity}.pt2")
+
+    def _load_or_compile(self, bucket, args):
+        if self.package_dir is None:
+            return self.static_pass
+        path = self.package_path(bucket, args[-1].size(3))
+        if not os.path.exists(path):
+            started = time.perf_counter()
+            compile_package(self.static_pass, args, path)
+            if self.on_compile:
+                self.on_compile(bucket, time.perf_counter() - started)
+        return torch._inductor.aoti_load_package(path)
+
+
+def compile_package(static_pass, args, path):
+    """Compile `static_pass` for the shapes of `args` into an AOTInductor package at `path`,
+    written atomically. The compiler's autotuning tables are kept off the terminal unless it fails."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    chatter = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(chatter):
+            program = torch.export.export(static_pass, args)
+            options = dict(COMPILE_OPTIONS, max_autotune_gemm_backends=GEMM_BACKENDS.get(args[0].device.type, "ATEN"))
+            built = torch._inductor.aoti_compile_and_package(program, package_path=path.removesuffix(".pt2") + ".partial.pt2",
+                                                             inductor_configs=options)
+    except Exception:
+        print(chatter.getvalue()[-4000:], end="", file=sys.stderr)
+        raise
+    os.replace(built, path)

@@ -1,0 +1,117 @@
+"""The static-shape path (model/compiled.py) says what the eager model says.
+(Its caches after every round of speculation: tests/test_speculative.py.)
+
+Padded to buckets, attending over the whole cache under a mask, writing K/V at tensor positions:
+every pass must give the reference's logits and leave the cache as the reference leaves it. The
+padding, masking and writing are checked for every bucket with the static pass run eagerly in
+float64; the compiled packages for two buckets, in float32, against the same reference.
+"""
+import pytest
+import torch
+
+from decode import generate
+from decode.methods import make_proposer
+from decode.sampling import Sampling
+from model.compiled import BUCKETS, StaticGPT
+from model.medusa import MedusaConfig, MedusaHeads
+from tests.conftest import tiny_model
+
+TARGET = tiny_model(seed=0)  # context 32
+STATIC = StaticGPT(TARGET)
+
+
+def random_tree_mask(n, generator):
+    """A bool (n, n) tree mask: each node sees itself and its ancestors; parents come first."""
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        parent = int(torch.randint(-1, i, (1,), generator=generator))
+        if parent >= 0:
+            mask[i] |= mask[parent]
+    return mask, mask.sum(1) - 1  # and each node's depth
+
+
+def compare_pass(static, reference, prefix_tokens, n, tree, generator, atol):
+    """One pass of n tokens after prefix_tokens, static against reference: logits, hidden states
+    and, after committing a random subset, the cache."""
+    caches = []
+    for model in (static, reference):
+        cache = model.new_cache(scratch=n)
+        if prefix_tokens:
+            reference(torch.tensor([prefix_tokens]), cache)
+            cache.commit()
+        caches.append(cache)
+    idx = torch.randint(TARGET.config.vocab_size, (1, n), generator=generator)
+    mask = pos = None
+    if tree:
+        mask, depths = random_tree_mask(n, generator)
+        pos = len(prefix_tokens) + depths
+    static_logits, static_hidden = static(idx, caches[0], pos=pos, mask=mask, return_hidden=True)
+    logits, hidden = reference(idx, caches[1], pos=pos, mask=mask, return_hidden=True)
+    torch.testing.assert_close(static_logits, logits, rtol=0, atol=atol)
+    torch.testing.assert_close(static_hidden, hidden, rtol=0, atol=atol)
+    assert caches[0].pending == n  # the padding is not among the entries a commit may keep
+    keep = sorted(torch.randperm(n, generator=generator)[:max(1, n // 2)].tolist())
+    for cache in caches:
+        cache.commit(keep)
+    length = caches[1].length
+    torch.testing.assert_close(caches[0].k[..., :length, :], caches[1].k[..., :length, :], rtol=0, atol=atol)
+    torch.testing.assert_close(caches[0].v[..., :length, :], caches[1].v[..., :length, :], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 11, 16, 17, 31, 32])
+@pytest.mark.parametrize("kind", ["prefill", "chain", "tree"])
+def test_static_pass_equals_the_model_for_every_bucket(n, kind):
+    gen = torch.Generator().manual_seed(n)
+    prefix = [] if kind == "prefill" else torch.randint(64, (32 - n,), generator=gen).tolist()[:max(0, 31 - n)]
+    compare_pass(STATIC, TARGET, prefix, n, kind == "tree", gen, atol=1e-10)
+
+
+def test_passes_beyond_the_largest_bucket_run_eagerly():
+    model = tiny_model(block_size=80)
+    static = StaticGPT(model)
+    compare_pass(static, model, [], 70, False, torch.Generator().manual_seed(0), atol=1e-10)
+    assert BUCKETS[-1] == 64 and set(static.passes) == set()
+
+
+def test_static_caches_have_one_capacity_with_room_for_padding():
+    assert STATIC.new_cache(scratch=1).capacity == STATIC.new_cache(scratch=20).capacity == 32 + BUCKETS[-1]
+    with pytest.raises(ValueError, match="positions"):
+        STATIC(torch.tensor([[1, 2]]), STATIC.new_cache(), pos=torch.tensor([31, 32]))
+
+
+def every_method(target, draft):
+    heads = MedusaHeads(target, MedusaConfig(n_heads=3))
+    with torch.no_grad():  # heads that guess, some right, some wrong
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    state = {"tree": [(0,), (1,), (0, 0), (0, 0, 0)], "accuracies": [[0.6, 0.2], [0.5, 0.1], [0.4, 0.1]]}
+    return {"draft k=3": make_proposer("draft", "3", target, draft_model=draft),
+            "jacobi": make_proposer("jacobi", "4", target),
+            "lookahead": make_proposer("lookahead", "3,3,2", target, sizing="fixed"),
+            "prompt lookup": make_proposer("prompt-lookup", None, target),
+            "medusa": make_proposer("medusa", "saved", target, heads=(heads, state))}
+
+
+@pytest.mark.parametrize("method", ["draft k=3", "jacobi", "lookahead", "prompt lookup", "medusa"])
+def test_every_method_on_the_static_path_is_token_identical_to_plain(method):
+    draft = StaticGPT(tiny_model(seed=5, n_layer=1))
+    proposer = every_method(STATIC, draft)[method]
+    for prompt in ([5], [1, 2, 3, 1, 2, 3, 1, 2], list(range(10, 40))):
+        plain, _ = generate(TARGET, prompt, 50, Sampling())  # crosses the context window
+        spec, stats = generate(STATIC, prompt, 50, Sampling(), proposer=proposer)
+        assert spec == plain
+
+
+def test_compiled_packages_equal_the_model_and_are_reused(tmp_path):
+    """The AOTInductor package of the tiny model in float32 for one bucket (4): a decode step and a
+    tree pass of 3 tokens, both padded, within 1e-5 of the eager model; a second instance loads it."""
+    model = tiny_model(dtype=torch.float32)
+    compiled = []
+    static = StaticGPT(model, tmp_path, buckets=(4,), on_compile=lambda b, s: compiled.append(b))
+    gen = torch.Generator().manual_seed(0)
+    compare_pass(static, model, list(range(9)), 1, False, gen, atol=1e-5)
+    compare_pass(static, model, list(range(9)), 3, True, gen, atol=1e-5)
+    assert compiled == [4]
+    again = StaticGPT(model, tmp_path, buckets=(4,), on_compile=lambda b, s: compiled.append(b))
+    compare_pass(again, model, list(range(20)), 2, False, gen, atol=1e-5)
+    assert compiled == [4]
