@@ -62,6 +62,7 @@ def parse_args(argv=None):
     p.set_defaults(max_new_tokens=128)
     cli.add_device_args(p)
     cli.add_attn_arg(p)
+    cli.add_compile_arg(p)
     p.add_argument("--profile", action="store_true",
                    help="measure r(n) instead of decoding, and drop the costs stored in OUT_DIR/costs.json "
                         "for this machine, so that the next run that sizes itself measures them again")
@@ -99,6 +100,11 @@ def run_interleaved(model, proposers, prompts, sampling, max_new_tokens, seed):
     return totals, outputs
 
 
+def machine(header):
+    return (f"{header['device']}, {header['dtype']}{', compiled' if header['compiled'] else ''}, "
+            f"{header['threads']} threads")
+
+
 def print_profile(model, header, json_out):
     block_size = model.config.block_size
     # prefixes that leave room for the new positions inside the context
@@ -108,8 +114,7 @@ def print_profile(model, header, json_out):
     if json_out:
         print(json.dumps(dict(header, profile={str(p): dict(r=r, seconds_1=s) for p, (r, s) in curves.items()})))
         return
-    print(f"# {header['command']}  ({header['device']}, {header['dtype']}, {header['params_millions']}M "
-          f"parameters, {header['threads']} threads)")
+    print(f"# {header['command']}  ({machine(header)}, {header['params_millions']}M parameters)")
     print("verify-pass cost r(n) = time(n new tokens) / time(1), after P cached tokens")
     print("   n " + "".join(f"{'P=' + str(p):>9}" for p in prefixes))
     for n in range(1, max_n + 1):
@@ -127,14 +132,13 @@ def plot(rows, r, header, directory):
     except ImportError:
         raise cli.UserError("--plot needs matplotlib: pip install matplotlib") from None
     os.makedirs(directory, exist_ok=True)
-    machine = f"{header['device']}, {header['dtype']}, {header['threads']} threads"
     fig, ax = plt.subplots(figsize=(6, 4))
     n = range(1, len(r) + 1)
     ax.plot(n, r, "o-", ms=3, label="measured r(n)")
     ax.plot(n, [1.0] * len(r), color="grey", lw=0.8, label="free extra tokens (the ideal accelerator)")
     ax.set_xlabel("tokens in one pass n")
     ax.set_ylabel("time / time of a 1-token step")
-    ax.set_title(f"Verify-pass cost ({machine})", fontsize=10)
+    ax.set_title(f"Verify-pass cost ({machine(header)})", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "cost_curve.png"), dpi=120)
@@ -148,7 +152,7 @@ def plot(rows, r, header, directory):
     ax.set_yticks(list(y), [row["method"] for row in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("speedup over plain decoding")
-    ax.set_title(f"{header['sampling']} ({machine})", fontsize=10)
+    ax.set_title(f"{header['sampling']} ({machine(header)})", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "speedup.png"), dpi=120)
@@ -179,10 +183,12 @@ def build_rows(args, model, draft, heads, methods, costs):
 
 def main(argv=None):
     args = parse_args(argv)
-    sampling, device, dtype, model, tokenizer, state = cli.setup(args)
+    sampling, device, dtype, target, tokenizer, state = cli.setup(args)
+    model = cli.compiled(target, "target", args, device, dtype, prepare=True)  # no compile inside a timed run
     block_size = model.config.block_size
     header = dict(command="python " + " ".join(sys.argv), device=device, dtype=str(dtype).removeprefix("torch."),
-                  params_millions=round(model.num_params() / 1e6, 2), threads=torch.get_num_threads(),
+                  compiled=args.compile, params_millions=round(target.num_params() / 1e6, 2),
+                  threads=torch.get_num_threads(),
                   sampling="greedy" if sampling.greedy else f"temperature {args.temperature}")
     if args.profile:
         cli.stored_costs(args, device, dtype).forget()  # the next sized run measures afresh
@@ -207,7 +213,8 @@ def main(argv=None):
         raise cli.UserError(f"--prompt-len must be between 1 and the model's context of {block_size}")
 
     draft = load_draft(args.out_dir, tokenizer, device, dtype) if "draft" in methods else None
-    heads = load_heads(args.out_dir, model, tokenizer, device, dtype) if "medusa" in methods else None
+    draft = cli.compiled(draft, "draft", args, device, dtype, prepare=True)
+    heads = load_heads(args.out_dir, target, tokenizer, device, dtype) if "medusa" in methods else None
     proposers = build_rows(args, model, draft, heads, methods, cli.stored_costs(args, device, dtype))
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)
@@ -238,8 +245,7 @@ def main(argv=None):
     if args.json:
         print(json.dumps(dict(header, **settings, rows=rows)))
         return 0
-    print(f"# {header['command']}  ({device}, {header['dtype']}, {header['params_millions']}M parameters, "
-          f"{header['threads']} threads)")
+    print(f"# {header['command']}  ({machine(header)}, {header['params_millions']}M parameters)")
     print(f"# {args.num_prompts} held-out prompts x {args.prompt_len} tokens, {args.max_new_tokens} new tokens each, "
           f"{header['sampling']}")
     print("# cost model: " + (f"draft step c = {cost['c']:.3f} target steps; " if "c" in cost else "")

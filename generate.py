@@ -38,6 +38,7 @@ def parse_args(argv=None):
                         "target's correction, blue the target's bonus token (only on a terminal)")
     cli.add_device_args(p, dtype_help="default: float32 on CPU, bfloat16 on CUDA; float64 for exactness checks")
     cli.add_attn_arg(p)
+    cli.add_compile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
     return p.parse_args(argv)
 
@@ -68,6 +69,7 @@ def main(argv=None):
 
     draft = load_draft(args.out_dir, tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_heads(args.out_dir, model, tokenizer, device, dtype) if args.spec == "medusa" else None
+    model, draft = (cli.compiled(m, kind, args, device, dtype) for m, kind in ((model, "target"), (draft, "draft")))
     proposer = make_proposer(args.spec, setting, model, draft, heads,
                              sizing=args.sizing, pool_from_prompt=args.pool_from_prompt, typical=args.typical,
                              costs=costs)

@@ -103,7 +103,7 @@ class DraftModel(Proposer):
         self.k_used = k
         return Candidates.chain(guesses, torch.stack(draft_probs) if draft_probs else None)
 
-    def update(self, tokens, verdict, hidden):
+    def update(self, tokens, verdict, logits, hidden):
         if not self.k_used:  # nothing was proposed this round (no room before a slide)
             return
         kept = min(len(verdict.path), self.k_used - 1)  # accepted guesses the draft has already seen

@@ -21,8 +21,7 @@ def random_context_tokens(tokens, count, generator):
 
 
 class Jacobi(Proposer):
-    def __init__(self, model, window=DEFAULT_WINDOW):
-        self.model = model  # its lm_head turns the pass's hidden states into the new guesses
+    def __init__(self, window=DEFAULT_WINDOW):
         self.window = window
         self.max_candidates = window
 
@@ -37,9 +36,8 @@ class Jacobi(Proposer):
         self.proposed = len(guesses)
         return Candidates.chain(guesses)
 
-    def update(self, tokens, verdict, hidden):
-        rows = hidden[:1 + self.proposed]  # (1+m, C): the root and the guesses
-        predictions = self.model.lm_head(rows).argmax(-1).tolist()
+    def update(self, tokens, verdict, logits, hidden):
+        predictions = logits[:1 + self.proposed].argmax(-1).tolist()  # after the root and each guess
         # prediction i follows guess i; those after the accepted prefix and the new token are next
         self.guesses = predictions[len(verdict.path) + 1:]
         self.proposed = 0

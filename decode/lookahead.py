@@ -103,14 +103,13 @@ def measured_cost(model, window, ngram_size, max_ngrams):
 
 
 class Lookahead(Proposer):
-    def __init__(self, model, window=WINDOW, ngram_size=NGRAM_SIZE, max_ngrams=MAX_NGRAMS,
+    def __init__(self, window=WINDOW, ngram_size=NGRAM_SIZE, max_ngrams=MAX_NGRAMS,
                  pool_from_prompt=False, cost=None):
         """cost: None carries the whole window and all G n-grams in every pass (the paper's fixed
         sizes); the target's cost curve [r(1), r(2), ...] (measured_cost, at least
         max_candidates + 1 long) sizes each pass (see the module's docstring)."""
         if ngram_size < 2:
             raise ValueError("lookahead needs n-grams of at least 2 tokens (N = 2 is Jacobi decoding with a pool)")
-        self.model = model
         self.window, self.max_ngrams = window, max_ngrams
         self.pool_from_prompt = pool_from_prompt
         self.levels = ngram_size - 1
@@ -176,7 +175,7 @@ class Lookahead(Proposer):
             return largest
         return best
 
-    def update(self, tokens, verdict, hidden):
+    def update(self, tokens, verdict, logits, hidden):
         offered, rides = self.offered, self.rides
         self.offered, self.rides = [], False  # a round without a proposal (before a slide) offers nothing
         accepted = len(verdict.path)
@@ -188,8 +187,8 @@ class Lookahead(Proposer):
         if not rides:
             return
         self.window_passes += 1
-        side = hidden[1 + self.n_candidates:]  # (levels*W, C), level-major
-        top = self.model.lm_head(side[-self.window:]).argmax(-1).tolist()  # after each top-level guess
+        side = logits[1 + self.n_candidates:]  # (levels*W, vocab), level-major
+        top = side[-self.window:].argmax(-1).tolist()  # after each top-level guess
         for col in range(self.window):
             self.remember([level[col] for level in self.grid] + [top[col]], "window")
         self.grid = self.grid[1:] + [top]

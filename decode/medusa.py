@@ -132,7 +132,7 @@ class Medusa(Proposer):
         ranked = logits.topk(self.width, dim=-1).indices.tolist()  # (K, width): likeliest first
         return Candidates([ranked[len(p) - 1][p[-1]] for p in self.paths[:n]], self.parents[:n])
 
-    def update(self, tokens, verdict, hidden):
+    def update(self, tokens, verdict, logits, hidden):
         """hidden: (1+n, C) at [root, candidates...] of the verify pass just run."""
         self.hidden = hidden[verdict.path[-1] if verdict.path else 0]  # the row that predicted tokens[-1]
 

@@ -119,11 +119,11 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
                     if schedule == "auto" else None)
         return draft.DraftModel(draft_model, k, schedule, costs=measured)
     if method == "jacobi":
-        return jacobi.Jacobi(target, value)
+        return jacobi.Jacobi(value)
     if method == "lookahead":
         cost = (costs.get("lookahead " + ",".join(map(str, value)),
                           lambda: lookahead.measured_cost(target, *value)) if sizing == "auto" else None)
-        return lookahead.Lookahead(target, *value, pool_from_prompt=pool_from_prompt, cost=cost)
+        return lookahead.Lookahead(*value, pool_from_prompt=pool_from_prompt, cost=cost)
     if method == "prompt-lookup":
         return prompt_lookup.PromptLookup(*value)
     module, state = heads

@@ -9,9 +9,11 @@ output token, which is why no method can change what the model says.
     propose(tokens, max_depth, sampling, generator) -> Candidates | None
                                          candidates after the last accepted token, at most
                                          max_depth deep (the room left in the context window)
-    update(tokens, verdict, hidden)      the round's outcome: tokens now ends with the accepted path
-                                         and the target's next token; hidden holds the pass's final
-                                         hidden states (B=1 removed) at [root, candidates..., side...]
+    update(tokens, verdict, logits, hidden)
+                                         the round's outcome: tokens now ends with the accepted path
+                                         and the target's next token; logits and hidden hold the
+                                         pass's outputs and final hidden states (B=1 removed) at
+                                         [root, candidates..., side...]
 
     max_candidates   the most tokens a proposal adds to a pass besides the root (sizes the cache's
                      scratch space)
@@ -36,5 +38,5 @@ class Proposer:
     def propose(self, tokens: list, max_depth: int, sampling, generator) -> Candidates | None:
         raise NotImplementedError
 
-    def update(self, tokens: list, verdict: Verdict, hidden) -> None:
+    def update(self, tokens: list, verdict: Verdict, logits, hidden) -> None:
         pass

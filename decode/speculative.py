@@ -71,16 +71,17 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
                                device=device)
         logits, hidden = model(idx, cache, pos=pos, mask=mask, return_hidden=True)
         # rows [root, candidates..., side...]; the verifier reads the root's and the candidates'
-        logits, hidden = logits[0, len(tail) - 1:len(tail) + len(candidates)], hidden[0, len(tail) - 1:]
+        logits, hidden = logits[0, len(tail) - 1:], hidden[0, len(tail) - 1:]
+        judged = logits[:1 + len(candidates)]
         stats.target_forwards += 1
-        stats.pass_sizes[len(logits) + len(side)] += 1
+        stats.pass_sizes[len(logits)] += 1
         t2 = clock()
         if proposer.verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
-            verdict = proposer.verify(logits, candidates, sampling, generator)
+            verdict = proposer.verify(judged, candidates, sampling, generator)
         elif sampling.greedy:
-            verdict = verify_greedy(logits, candidates)
+            verdict = verify_greedy(judged, candidates)
         else:
-            verdict = verify_sampling(token_probs(logits, sampling), candidates, generator)
+            verdict = verify_sampling(token_probs(judged, sampling), candidates, generator)
         t3 = clock()
         cache.commit(list(range(len(tail))) + [len(tail) - 1 + c for c in verdict.path])
         context.cached = len(tokens) + len(verdict.path)
@@ -94,7 +95,7 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         stats.judged += verdict.judged
         stats.accepted += len(verdict.path)
         t4 = clock()
-        proposer.update(tokens, verdict, hidden)
+        proposer.update(tokens, verdict, logits, hidden)
         t5 = clock()
         for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
             phases[phase] += seconds

@@ -73,7 +73,8 @@ class StaticGPT:
     """A GPT whose cached passes run at static shapes, called like the model, with the same results.
 
     package_dir: where the compiled passes are kept (one package per bucket); None runs the static
-    pass eagerly. on_compile(bucket, seconds) is told of each bucket compiled for the first time."""
+    pass eagerly. on_compile(bucket, seconds) is called as a bucket's first compile starts
+    (seconds=None) and when it ends."""
 
     def __init__(self, model, package_dir=None, buckets=BUCKETS, on_compile=None):
         self.model, self.config, self.lm_head = model, model.config, model.lm_head
@@ -118,6 +119,15 @@ class StaticGPT:
         logits, hidden = logits[:, :n], hidden[:, :n]
         return (logits, hidden) if return_hidden else logits
 
+    def prepare(self):
+        """Load or compile every bucket a pass can use now, rather than on first use (a benchmark
+        must not time a compile)."""
+        cache = self.new_cache()
+        for bucket in self.buckets:
+            if bucket <= self.config.block_size:  # no pass is longer than the context
+                self(torch.zeros(1, bucket, dtype=torch.long, device=cache.k.device), cache)
+                cache.rollback(0)
+
     def package_path(self, bucket, capacity):
         return os.path.join(self.package_dir, f"pass{bucket}-capacity{capacity}.pt2")
 
@@ -126,6 +136,8 @@ class StaticGPT:
             return self.static_pass
         path = self.package_path(bucket, args[-1].size(3))
         if not os.path.exists(path):
+            if self.on_compile:
+                self.on_compile(bucket, None)
             started = time.perf_counter()
             compile_package(self.static_pass, args, path)
             if self.on_compile:

@@ -6,7 +6,8 @@
 #   1. the Triton attention kernel compiled for the GPU, checked against the PyTorch reference
 #      (the tests run it under Triton's interpreter on a CPU; only a GPU runs the compiled kernel);
 #   2. the kernel timed beside PyTorch's scaled_dot_product_attention (kernels/bench.py);
-#   3. every method side by side on the GPU, greedy and at temperature 1 (bench.py --device cuda).
+#   3. every method side by side on the GPU, greedy and at temperature 1 (bench.py --device cuda);
+#   4. the same on the compiled path (bench.py --compile; the first run compiles each pass size).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out}
@@ -21,3 +22,5 @@ python -m pytest -q tests/test_attention.py tests/test_triton_attention.py
 python kernels/bench.py
 python bench.py --out-dir "$out" --device cuda
 python bench.py --out-dir "$out" --device cuda --temperature 1
+python bench.py --out-dir "$out" --device cuda --compile
+python bench.py --out-dir "$out" --device cuda --compile --temperature 1

@@ -205,3 +205,13 @@ def test_medusa_heads_of_another_target_are_refused(tiny_checkpoint, tmp_path):
     assert_one_line_error(r, "another target", "python train.py --what medusa")
     (tmp_path / "medusa.pt").unlink()
     assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "medusa"), "--what medusa")
+
+
+def test_generate_compiled_says_what_eager_says_and_compiles_once(tiny_checkpoint):
+    args = ("generate.py", "--out-dir", tiny_checkpoint, "--prompt", "A", "--max-new-tokens", "1",
+            "--temperature", "0", "--json")
+    eager = run_cli(*args)
+    first, second = (run_cli(*args, "--compile", timeout=300) for _ in range(2))
+    assert eager.returncode == first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert json.loads(first.stdout)["text"] == json.loads(second.stdout)["text"] == json.loads(eager.stdout)["text"]
+    assert "compiling the target's" in first.stderr and "compiling" not in second.stderr

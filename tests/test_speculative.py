@@ -76,8 +76,8 @@ def eager(model):
 class CheckedDraft(DraftModel):
     """After every round, both caches must equal fresh prefills of the tokens they claim to hold."""
 
-    def update(self, tokens, verdict, hidden):
-        super().update(tokens, verdict, hidden)
+    def update(self, tokens, verdict, logits, hidden):
+        super().update(tokens, verdict, logits, hidden)
         target = self.recorder.cache  # holds every accepted token but the newest
         assert_matches_prefill(eager(self.recorder.model), target, tokens[len(tokens) - 1 - target.length:-1])
         assert_matches_prefill(eager(self.draft), self.cache, tokens[self.context.start:self.context.cached])
@@ -134,7 +134,7 @@ class TopTwoTree(Proposer):
                 parents.append(len(candidates) - 2)
         return Candidates(candidates, parents)
 
-    def update(self, tokens, verdict, hidden):
+    def update(self, tokens, verdict, logits, hidden):
         cache = self.recorder.cache
         assert_matches_prefill(self.recorder.model, cache, tokens[len(tokens) - 1 - cache.length:-1])
         self.rounds += 1
@@ -180,7 +180,7 @@ class ToyTree(Proposer):
         return Candidates([a, b, 3, c, 0], [-1, -1, -1, 0, 0],
                           torch.stack([q_root, q_root, one_hot(3), q_a, one_hot(0)]))
 
-    def update(self, tokens, verdict, hidden):
+    def update(self, tokens, verdict, logits, hidden):
         pass
 
 
