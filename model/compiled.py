@@ -3,9 +3,9 @@
 A compiler makes a pass fast by fusing its operators and, on a CPU, by generating GEMM
 micro-kernels for the exact shapes, but it needs shapes that do not change. A pass has n new
 tokens after a committed prefix of P tokens, and both vary, so:
-  - n is padded up to a bucket (1, 2, 4, ..., 64). The padding rows come after the real ones; their
-    K/V land in scratch slots that no commit keeps (the cache's `pending` counts only the n real
-    entries) and their outputs are sliced off;
+  - n is padded up to a bucket (BUCKETS: 1, 2, 4, 5, 6, 8, 12, 16, 32, 64). The padding rows come
+    after the real ones; their K/V land in scratch slots that no commit keeps (the cache's
+    `pending` counts only the n real entries) and their outputs are sliced off;
   - attention reads the cache's whole capacity under a mask over every slot: the committed prefix,
     then the pass's own n x n mask (causal, or the tree's), nothing else. P is a tensor in the
     graph, so one compiled graph serves every prefix length;
@@ -18,10 +18,13 @@ Each bucket is compiled ahead of time with AOTInductor into a package on disk (w
 constants, GEMMs autotuned), built on its first use and loaded in a moment afterwards. In-process
 torch.compile builds the same kernels, but its on-disk cache refuses graphs holding the CPU's
 prepacked weights, so it would compile every bucket again in every run (10-15 s each here).
+Each package holds its own frozen copy of the weights, and its name carries a hash of the code it
+was compiled from, so a change to the model makes new packages instead of loading stale ones.
 Without a package folder the static pass runs eagerly: slower than the plain model, but it checks
 the padding, masking and writing above against the reference.
 """
 import contextlib
+import hashlib
 import io
 import os
 import sys
@@ -30,7 +33,13 @@ import time
 import torch
 import torch.nn as nn
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+import kernels
+from kernels import reference
+from model import gpt
+
+# dense where the methods' passes are (a draft's k + 1, small trees), sparse beyond: a pass pays for
+# its padding, and every bucket costs a compile
+BUCKETS = (1, 2, 4, 5, 6, 8, 12, 16, 32, 64)
 # weights frozen in as constants; GEMMs chosen by timing inductor's own against the library's
 COMPILE_OPTIONS = {"freezing": True, "max_autotune": True}
 GEMM_BACKENDS = {"cpu": "CPP,ATEN", "cuda": "TRITON,ATEN"}
@@ -82,9 +91,10 @@ class StaticGPT:
         self.static_pass = StaticPass(model)
         self.passes = {}  # bucket -> a callable running StaticPass at that size
         device = model.lm_head.weight.device
-        eye = torch.eye(buckets[-1], dtype=torch.bool, device=device)
-        self._causal = eye.cumsum(0).bool()  # lower triangle: row i sees 0..i
-        self._eye = eye
+        # contiguous, one per bucket: a compiled pass assumes its inputs' strides (a slice of a larger
+        # mask would be read with the wrong row stride)
+        self._causal = {b: torch.ones(b, b, dtype=torch.bool, device=device).tril() for b in buckets}
+        self._eye = {b: torch.eye(b, dtype=torch.bool, device=device) for b in buckets}
 
     def new_cache(self, batch_size=1, scratch=0):
         # one capacity for every method, so that each bucket is compiled once, with room for the padding
@@ -105,9 +115,9 @@ class StaticGPT:
             raise RuntimeError(f"KV cache overflow: {prefix} committed + a pass padded to {bucket} > "
                                f"capacity {cache.capacity}")
         if mask is None:
-            inner = self._causal[:bucket, :bucket]
+            inner = self._causal[bucket]
         else:
-            inner = self._eye[:bucket, :bucket].clone()  # padding rows see only themselves
+            inner = self._eye[bucket].clone()  # padding rows see only themselves
             inner[:n, :n] = mask
         pad = bucket - n
         args = (nn.functional.pad(idx, (0, pad)), nn.functional.pad(pos, (0, pad)),
@@ -129,7 +139,7 @@ class StaticGPT:
                 cache.rollback(0)
 
     def package_path(self, bucket, capacity):
-        return os.path.join(self.package_dir, f"pass{bucket}-capacity{capacity}.pt2")
+        return os.path.join(self.package_dir, f"pass{bucket}-capacity{capacity}-code{code_fingerprint()}.pt2")
 
     def _load_or_compile(self, bucket, args):
         if self.package_dir is None:
@@ -143,6 +153,16 @@ class StaticGPT:
             if self.on_compile:
                 self.on_compile(bucket, time.perf_counter() - started)
         return torch._inductor.aoti_load_package(path)
+
+
+def code_fingerprint():
+    """A short hash of the code a pass is compiled from, so that a package built from older code is
+    never loaded in its place."""
+    h = hashlib.sha256()
+    for module in (gpt, kernels, reference, sys.modules[__name__]):
+        with open(module.__file__, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:12]
 
 
 def compile_package(static_pass, args, path):
