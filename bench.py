@@ -186,7 +186,7 @@ def main(argv=None):
     sampling, device, dtype, target, tokenizer, state = cli.setup(args)
     model = cli.compiled(target, "target", args, device, dtype, prepare=True)  # no compile inside a timed run
     block_size = model.config.block_size
-    header = dict(command="python " + " ".join(sys.argv), device=device, dtype=str(dtype).removeprefix("torch."),
+    header = dict(command="python " + " ".join(sys.argv), device=device, dtype=cli.dtype_name(dtype),
                   compiled=args.compile, params_millions=round(target.num_params() / 1e6, 2),
                   threads=torch.get_num_threads(),
                   sampling="greedy" if sampling.greedy else f"temperature {args.temperature}")

@@ -68,6 +68,10 @@ def resolve_device(name):
         raise UserError(f"unknown --device {name!r} (auto, cpu, cuda, cuda:N, mps)") from None
 
 
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
 def native_bf16(device):
     if device.startswith("cuda"):
         return torch.cuda.is_bf16_supported()
@@ -87,7 +91,7 @@ def add_compile_arg(parser):
     parser.add_argument("--compile", action="store_true",
                         help="run the target's and the draft's passes compiled, at static shapes "
                              "(model/compiled.py): the same outputs, several times faster on a CPU. Each pass "
-                             "size is compiled once, on first use (about 40 s each on a 2-core CPU), and kept "
+                             "size is compiled once, on first use (up to 45 s each on a 2-core CPU), and kept "
                              "in OUT_DIR/compiled")
 
 
@@ -97,12 +101,12 @@ def compiled(model, kind, args, device, dtype, prepare=False):
     if not args.compile or model is None:
         return model
     st = os.stat(checkpoint_path(args.out_dir, kind))
-    name = f"{kind}-{st.st_size}-{st.st_mtime_ns}-{device}-{str(dtype).removeprefix('torch.')}-torch{torch.__version__}"
+    name = f"{kind}-{st.st_size}-{st.st_mtime_ns}-{device}-{dtype_name(dtype)}-torch{torch.__version__}"
     folder = os.path.join(args.out_dir, "compiled", name.replace(":", "_"))
 
     def say(bucket, seconds):
         if seconds is None:
-            print(f"compiling the {kind}'s {bucket}-token pass for {device} {str(dtype).removeprefix('torch.')} "
+            print(f"compiling the {kind}'s {bucket}-token pass for {device} {dtype_name(dtype)} "
                   f"(once: kept in {os.path.join(args.out_dir, 'compiled')}) ...", end="", file=sys.stderr, flush=True)
         else:
             print(f" {seconds:.0f} s", file=sys.stderr)
@@ -191,7 +195,7 @@ def stored_costs(args, device, dtype):
     files = [checkpoint_path(args.out_dir, kind) for kind in ("target", "draft")]
     stats = {os.path.basename(f): os.stat(f) for f in files if os.path.exists(f)}
     signature = " ".join(f"{name} {st.st_size} {st.st_mtime_ns}" for name, st in stats.items())
-    machine = (f"{signature} | {device} {str(dtype).removeprefix('torch.')} attn={args.attn} "
+    machine = (f"{signature} | {device} {dtype_name(dtype)} attn={args.attn} "
                f"compiled={args.compile} threads={torch.get_num_threads()}")
 
     def say(name):

@@ -69,7 +69,8 @@ def main(argv=None):
 
     draft = load_draft(args.out_dir, tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_heads(args.out_dir, model, tokenizer, device, dtype) if args.spec == "medusa" else None
-    model, draft = (cli.compiled(m, kind, args, device, dtype) for m, kind in ((model, "target"), (draft, "draft")))
+    model = cli.compiled(model, "target", args, device, dtype)
+    draft = cli.compiled(draft, "draft", args, device, dtype)
     proposer = make_proposer(args.spec, setting, model, draft, heads,
                              sizing=args.sizing, pool_from_prompt=args.pool_from_prompt, typical=args.typical,
                              costs=costs)

@@ -109,8 +109,7 @@ class StaticGPT:
         prefix = cache.length
         if pos is None:
             pos = torch.arange(prefix, prefix + n, device=idx.device)
-        if int(pos.max()) >= self.config.block_size:
-            raise ValueError(f"positions must lie in [0, {self.config.block_size}), got up to {int(pos.max())}")
+        self.model.check_positions(pos)
         if prefix + bucket > cache.capacity:
             raise RuntimeError(f"KV cache overflow: {prefix} committed + a pass padded to {bucket} > "
                                f"capacity {cache.capacity}")
@@ -174,8 +173,8 @@ def compile_package(static_pass, args, path):
         with contextlib.redirect_stderr(chatter):
             program = torch.export.export(static_pass, args)
             options = dict(COMPILE_OPTIONS, max_autotune_gemm_backends=GEMM_BACKENDS.get(args[0].device.type, "ATEN"))
-            built = torch._inductor.aoti_compile_and_package(program, package_path=path.removesuffix(".pt2") + ".partial.pt2",
-                                                             inductor_configs=options)
+            partial = path.removesuffix(".pt2") + ".partial.pt2"
+            built = torch._inductor.aoti_compile_and_package(program, package_path=partial, inductor_configs=options)
     except Exception:
         print(chatter.getvalue()[-4000:], end="", file=sys.stderr)
         raise

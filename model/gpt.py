@@ -120,6 +120,13 @@ class GPT(nn.Module):
         return KVCache(c.n_layer, batch_size, c.n_head, c.n_embd // c.n_head,
                        c.block_size + scratch, dtype=p.dtype, device=p.device)
 
+    def check_positions(self, pos):
+        """Refuse a pass with no tokens or with positions past the learned ones."""
+        n = pos.size(-1)
+        if n == 0 or int(pos.max()) >= self.config.block_size:
+            raise ValueError(f"positions must lie in [0, {self.config.block_size}), got {n} tokens "
+                             f"up to position {int(pos.max()) if n else None}")
+
     def forward(self, idx, cache=None, pos=None, mask=None, return_hidden=False):
         """Logits (B, n, vocab) for n new tokens idx (B, n).
 
@@ -133,10 +140,8 @@ class GPT(nn.Module):
         if pos is None:
             prefix = 0 if cache is None else cache.length
             pos = torch.arange(prefix, prefix + n, device=idx.device)  # (n,)
-        # the check reads a tensor's value, which a compiled graph cannot; model/compiled.py checks first
-        if not torch.compiler.is_compiling() and (n == 0 or int(pos.max()) >= self.config.block_size):
-            raise ValueError(f"positions must lie in [0, {self.config.block_size}), got {n} tokens "
-                             f"up to position {int(pos.max()) if n else None}")
+        if not torch.compiler.is_compiling():  # a graph cannot read a tensor's value: compiled.py checks first
+            self.check_positions(pos)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, n, C)
         for block in self.transformer.h:
             x = block(x, cache, mask)
