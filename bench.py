@@ -29,10 +29,10 @@ import cli
 from data import read_text, split_text
 from decode import Plain, generate
 from decode.cost import cost_curve, forward_seconds, profile_prefix
-from decode.methods import METHODS, load_draft, load_heads, make_proposer, parse_setting
+from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from decode.speculative import PHASES
 from decode.stats import DecodeStats
-from model.checkpoint import checkpoint_path
+from model.medusa import load_medusa
 
 ROWS = {  # the settings benchmarked by default, one row each
     "draft": ["1", "2", "3", "4", "5", "6", "7", "8", "auto", "heuristic"],
@@ -46,7 +46,7 @@ NOISE_ROW = "none again (noise)"
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out-dir", default="out", help="directory holding target.pt (and draft.pt) (default: out)")
+    cli.add_checkpoint_args(p)
     p.add_argument("--data", default=None,
                    help="text whose val split gives the prompts (default: the data the model was trained on)")
     p.add_argument("--methods", default=None,
@@ -197,7 +197,7 @@ def main(argv=None):
 
     if args.methods is None:  # every method whose checkpoint exists
         methods = [m.name for m in METHODS.values()
-                   if m.name != "none" and (m.needs is None or os.path.exists(checkpoint_path(args.out_dir, m.needs)))]
+                   if m.name != "none" and (m.needs is None or os.path.exists(cli.checkpoint_of(args, m.needs)))]
     else:
         methods = [m.strip() for m in args.methods.split(",") if m.strip() and m.strip() != "none"]
         unknown = [m for m in methods if m not in METHODS]
@@ -212,9 +212,9 @@ def main(argv=None):
     if not 1 <= args.prompt_len <= block_size:
         raise cli.UserError(f"--prompt-len must be between 1 and the model's context of {block_size}")
 
-    draft = load_draft(args.out_dir, tokenizer, device, dtype) if "draft" in methods else None
+    draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if "draft" in methods else None
     draft = cli.compiled(draft, "draft", args, device, dtype, prepare=True)
-    heads = load_heads(args.out_dir, target, tokenizer, device, dtype) if "medusa" in methods else None
+    heads = load_medusa(cli.checkpoint_of(args, "medusa"), target, tokenizer, device, dtype) if "medusa" in methods else None
     proposers = build_rows(args, model, draft, heads, methods, cli.stored_costs(args, device, dtype))
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)

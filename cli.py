@@ -48,6 +48,30 @@ def run(main):
         sys.exit(130)
 
 
+def add_checkpoint_args(parser, draft=True):
+    """--out-dir for the checkpoints train.py writes, and --target (and --draft) for one kept
+    elsewhere, such as a GPT-2 imported by model/convert.py."""
+    parser.add_argument("--out-dir", default="out",
+                        help="directory of the trained checkpoints: target.pt, draft.pt, medusa.pt (default: out)")
+    parser.add_argument("--target", metavar="PATH",
+                        help="target checkpoint (default: OUT_DIR/target.pt), e.g. a GPT-2 imported with "
+                             "python -m model.convert")
+    if draft:
+        parser.add_argument("--draft", metavar="PATH",
+                            help="draft checkpoint (default: OUT_DIR/draft.pt): one trained by train.py --what "
+                                 "draft, or a smaller target of the same family and tokenizer")
+
+
+def checkpoint_of(args, kind):
+    """The checkpoint file of `kind` the flags name: --target or --draft if given, else OUT_DIR's."""
+    path = getattr(args, kind, None)
+    if path is None:
+        return checkpoint_path(args.out_dir, kind)
+    if not os.path.isfile(path):
+        raise UserError(f"--{kind} {path}: no such file")
+    return path
+
+
 def add_device_args(parser, dtype_help="default: float32 on CPU, bfloat16 on CUDA"):
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:N, mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default=None,
@@ -96,12 +120,14 @@ def add_compile_arg(parser):
 
 
 def compiled(model, kind, args, device, dtype, prepare=False):
-    """`model` (the checkpoint of `kind` in args.out_dir) on the compiled path if args.compile asks;
+    """`model` (the checkpoint of `kind` the flags name) on the compiled path if args.compile asks;
     prepare: load or compile every pass size now rather than on first use."""
     if not args.compile or model is None:
         return model
-    st = os.stat(checkpoint_path(args.out_dir, kind))
-    name = f"{kind}-{st.st_size}-{st.st_mtime_ns}-{device}-{dtype_name(dtype)}-torch{torch.__version__}"
+    path = checkpoint_of(args, kind)
+    st = os.stat(path)
+    name = (f"{kind}-{os.path.basename(path)}-{st.st_size}-{st.st_mtime_ns}-{device}-{dtype_name(dtype)}"
+            f"-torch{torch.__version__}")
     folder = os.path.join(args.out_dir, "compiled", name.replace(":", "_"))
 
     def say(bucket, seconds):
@@ -189,10 +215,10 @@ def setting_of(args, method):
 
 
 def stored_costs(args, device, dtype):
-    """The pass costs measured on this machine for the checkpoints of args.out_dir, kept in
+    """The pass costs measured on this machine for the checkpoints the flags name, kept in
     OUT_DIR/costs.json: a run that sizes itself to the machine measures them once, later runs read
     them (bench.py --profile drops them). A retrained checkpoint is another file, so new costs."""
-    files = [checkpoint_path(args.out_dir, kind) for kind in ("target", "draft")]
+    files = [checkpoint_of(args, kind) for kind in ("target", "draft")]
     stats = {os.path.basename(f): os.stat(f) for f in files if os.path.exists(f)}
     signature = " ".join(f"{name} {st.st_size} {st.st_mtime_ns}" for name, st in stats.items())
     machine = (f"{signature} | {device} {dtype_name(dtype)} attn={args.attn} "
@@ -211,5 +237,5 @@ def setup(args):
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     use_attn(args.attn, device, dtype)
-    model, tokenizer, state = load_model(checkpoint_path(args.out_dir, "target"), device=device, dtype=dtype)
+    model, tokenizer, state = load_model(checkpoint_of(args, "target"), device=device, dtype=dtype)
     return sampling, device, dtype, model, tokenizer, state

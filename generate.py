@@ -5,6 +5,7 @@
     python generate.py --spec lookahead --compare
     python generate.py --spec draft --k auto --compare --show
     python generate.py --spec medusa --medusa-tree 16 --compare
+    python generate.py --target gpt2-medium.pt --spec draft --draft gpt2.pt --prompt "Hello"
 
 An empty prompt starts from a newline, the way a play's text starts a new line.
 """
@@ -15,7 +16,8 @@ import torch
 
 import cli
 from decode import Plain, generate
-from decode.methods import METHODS, load_draft, load_heads, make_proposer, parse_setting
+from decode.methods import METHODS, load_draft, make_proposer, parse_setting
+from model.medusa import load_medusa
 
 EMPTY_PROMPT = "\n"
 SOURCE_COLOURS = {"draft": "\033[32m", "corrected": "\033[31m", "bonus": "\033[34m"}  # ANSI colours
@@ -24,7 +26,7 @@ RESET = "\033[0m"
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out-dir", default="out", help="directory holding target.pt (default: out)")
+    cli.add_checkpoint_args(p)
     p.add_argument("--prompt", default=EMPTY_PROMPT, help="text to continue (default: a newline)")
     p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
     cli.add_sampling_args(p)
@@ -67,8 +69,8 @@ def main(argv=None):
         raise cli.UserError(f"the prompt is {len(prompt_ids)} tokens, longer than the model's context of "
                             f"{model.config.block_size}: shorten it")
 
-    draft = load_draft(args.out_dir, tokenizer, device, dtype) if args.spec == "draft" else None
-    heads = load_heads(args.out_dir, model, tokenizer, device, dtype) if args.spec == "medusa" else None
+    draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if args.spec == "draft" else None
+    heads = load_medusa(cli.checkpoint_of(args, "medusa"), model, tokenizer, device, dtype) if args.spec == "medusa" else None
     model = cli.compiled(model, "target", args, device, dtype)
     draft = cli.compiled(draft, "draft", args, device, dtype)
     proposer = make_proposer(args.spec, setting, model, draft, heads,

@@ -3,6 +3,7 @@ Shakespeare by default), all three with one training loop (`fit`).
 
     python train.py                      # target (preset picked by device: cpu or gpu), draft, heads
     python train.py --what draft         # only the draft, with the tokenizer of out/target.pt
+    python train.py --what medusa --target gpt2.pt   # heads for an imported GPT-2 (model/convert.py)
     python train.py --preset tiny --max-iters 50 --out-dir out-tiny
     python train.py --resume             # continue an interrupted run where it stopped
 
@@ -60,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--what", choices=["all", "target", "draft", "medusa"], default="all",
                    help="which model to train (default all: the target, then the draft, then Medusa heads)")
     p.add_argument("--data", default=None, help="UTF-8 text file (default: tiny Shakespeare, downloaded to data/)")
-    p.add_argument("--out-dir", default="out", help="where checkpoints go (default: out)")
+    cli.add_checkpoint_args(p, draft=False)
     p.add_argument("--preset", default=None, help=f"model and optimiser preset: {', '.join(PRESETS)} "
                                                   "(default: cpu on CPU, gpu on CUDA)")
     p.add_argument("--resume", action="store_true",
@@ -325,6 +326,8 @@ def main(argv=None):
         raise UserError(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
     if args.tokenizer == "bpe" and args.vocab_size < 256:
         raise UserError(f"--vocab-size must be at least 256 (one token per byte), got {args.vocab_size}")
+    if args.target is not None and args.what not in ("draft", "medusa"):
+        raise UserError("--target names the model that --what draft or --what medusa trains for")
     text = read_text(args.data)
     for kind in (["target", "draft", "medusa"] if args.what == "all" else [args.what]):
         if kind == "medusa":
@@ -335,14 +338,14 @@ def main(argv=None):
 
 
 def train_medusa(args, text, device, dtype):
-    """Train OUT_DIR/medusa.pt on the frozen target of OUT_DIR/target.pt (or jointly with it)."""
+    """Train OUT_DIR/medusa.pt on the frozen target (OUT_DIR/target.pt or --target), or jointly with it."""
     out_path = checkpoint_path(args.out_dir, "medusa")
     if os.path.exists(out_path) and not args.resume:
         raise UserError(f"{out_path} exists: remove it or use another --out-dir")
     if os.path.exists(out_path):
         print(f"{out_path} exists; Medusa heads are trained in one go, so there is nothing to resume")
         return
-    target, tokenizer, _ = load_model(checkpoint_path(args.out_dir, "target"), device=device, dtype=dtype)
+    target, tokenizer, _ = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)
     train_text, val_text = split_text(text)
     train = TokenData(tokenizer.encode(train_text), len(train_text), "train")
     val = TokenData(tokenizer.encode(val_text), len(val_text), "val")
@@ -367,7 +370,7 @@ def train_model(kind, args, text, device, dtype):
             raise UserError(f"{ckpt_path} exists: pass --resume to continue it, or another --out-dir")
         model_cfg, opt = settings_from_args(args, kind, device)
         if kind == "draft":  # the draft must speak the target's tokenizer, token for token
-            target = load_checkpoint(checkpoint_path(args.out_dir, "target"), "target")
+            target = load_checkpoint(cli.checkpoint_of(args, "target"), "target")
             tokenizer = Tokenizer(target["tokenizer"])
             if args.what != "draft" or args.block_size is None:
                 model_cfg["block_size"] = target["config"]["block_size"]
@@ -401,7 +404,7 @@ def train_model(kind, args, text, device, dtype):
     step_model = torch.compile(model) if args.compile else model
     teacher = None
     if kind == "draft" and args.distill:
-        teacher = load_model(checkpoint_path(args.out_dir, "target"), device=device, dtype=dtype)[0]
+        teacher = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)[0]
         print("distilling from the target: the training loss is the cross-entropy to its distributions")
 
     def step_loss(x, y):

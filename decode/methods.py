@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from decode import draft, jacobi, lookahead, medusa, prompt_lookup
 from decode.cost import StoredCosts
 from decode.plain import Plain
-from model.checkpoint import CheckpointError, checkpoint_path, load_model
-from model.medusa import load_medusa
+from model.checkpoint import CheckpointError, load_model
 
 MAX_SIZE = 64        # the most a window, n-gram or match setting may be
 MAX_TREE_SIZE = 256  # the most candidates a Medusa tree may have
@@ -136,16 +135,11 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
     return medusa.Medusa(module, paths, typical=medusa.TYPICAL if typical else None)
 
 
-def load_draft(out_dir, tokenizer, device, dtype):
-    """The draft model of out_dir, refused unless it speaks the target's tokenizer."""
-    path = checkpoint_path(out_dir, "draft")
+def load_draft(path, tokenizer, device, dtype):
+    """The draft model at `path`, refused unless it speaks the target's tokenizer."""
     model, draft_tokenizer, _ = load_model(path, kind="draft", device=device, dtype=dtype)
     if draft_tokenizer.spec != tokenizer.spec:
         raise CheckpointError(f"{path} uses another tokenizer ({draft_tokenizer.name}) than the target "
                               f"({tokenizer.name})", retrain="draft")
     return model
 
-
-def load_heads(out_dir, target, tokenizer, device, dtype):
-    """(Medusa heads, their checkpoint dict) of out_dir, refused unless trained on this target."""
-    return load_medusa(checkpoint_path(out_dir, "medusa"), target, tokenizer, device, dtype)

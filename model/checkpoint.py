@@ -45,26 +45,30 @@ def save_checkpoint(path, model, tokenizer, kind="target", **extra):
     os.replace(tmp, path)
 
 
-def load_checkpoint(path, kind="target"):
-    """The raw checkpoint dict at `path`, checked to be a SpecGPT checkpoint of `kind`."""
+def load_checkpoint(path, kind="target", mmap=False):
+    """The raw checkpoint dict at `path`, checked to be a SpecGPT checkpoint of `kind`. A target
+    checkpoint also serves where a draft is asked for: a smaller model of the same family drafting
+    for a larger one. mmap: leave the tensors in the file until they are read."""
     if not os.path.exists(path):
         raise CheckpointError(f"no {kind} checkpoint at {path}", retrain=kind)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
         raise CheckpointError(f"{path} is not a SpecGPT checkpoint ({type(e).__name__})") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a SpecGPT checkpoint of format {FORMAT}")
-    if state.get("kind") != kind:
+    if state.get("kind") != kind and not (kind == "draft" and state.get("kind") == "target"):
         raise CheckpointError(f"{path} holds a {state.get('kind')} model, expected a {kind} model")
     return state
 
 
 def load_model(path, kind="target", device="cpu", dtype=torch.float32):
     """(model in eval mode, tokenizer, raw checkpoint dict) from a checkpoint file."""
-    state = load_checkpoint(path, kind)
-    model = GPT(GPTConfig(**state["config"]))
-    model.load_state_dict(state["model"])
+    state = load_checkpoint(path, kind, mmap=True)
+    with torch.device("meta"):  # no memory and no random init for weights about to be replaced
+        model = GPT(GPTConfig(**state["config"]))
+    model.load_state_dict(state["model"], assign=True)  # the mapped tensors: one copy of a large model, not two
+    model.transformer.wte.weight = model.lm_head.weight  # assigning untied them
     model.to(device=device, dtype=dtype).eval()
     try:
         tokenizer = Tokenizer(state["tokenizer"])

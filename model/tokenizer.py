@@ -1,11 +1,13 @@
 """
 Tokenizers on tiktoken: a byte-level BPE trained on the user's own text (the default, works
-offline) or tiktoken's stock GPT-2 encoding. A tokenizer is described by a small primitive
+offline), tiktoken's stock GPT-2 encoding, or a GPT-2-style vocabulary read from a Hugging Face
+folder's vocab.json and merges.txt (model/convert.py). A tokenizer is described by a small primitive
 `spec` dict so that it can travel inside a checkpoint loaded with weights_only=True.
 """
 
 import codecs
 import heapq
+import json
 from collections import Counter, defaultdict
 
 import regex
@@ -112,6 +114,52 @@ def _bpe_ranks(merges):
     return ranks
 
 
+def gpt2_byte_alphabet():
+    """The printable character GPT-2's vocab.json writes for each byte (0..255): the byte's own
+    character where that is printable and not a space, else one of chr(256), chr(257), ... in byte
+    order, so that no token is spelled with whitespace or control characters."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    stand_ins = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(stand_ins)) for b in range(256)]
+
+
+def _vocab_ranks(vocab, merges, special):
+    """mergeable_ranks for tiktoken from a GPT-2-style vocabulary, checking that it is one.
+
+    tiktoken merges, at each step, the adjacent pair whose joined bytes have the lowest rank, and
+    returns ranks as token ids. So the ids of vocab.json serve as ranks only if they follow the
+    merges' order (merge i makes a token with a larger id than merge i-1): true of GPT-2's files and
+    of any vocabulary a byte-level BPE trainer writes, where merged tokens are numbered as learnt."""
+    if not (isinstance(vocab, dict) and isinstance(merges, list) and isinstance(special, dict)):
+        raise TokenizerError("tokenizer spec is not valid: 'vocab' and 'special' must be dicts, 'merges' a list")
+    byte_of = {c: b for b, c in enumerate(gpt2_byte_alphabet())}
+    ranks = {}
+    for token, i in vocab.items():
+        if token in special:
+            continue
+        if not set(token) <= byte_of.keys() or type(i) is not int:
+            raise TokenizerError(f"vocabulary entry {token!r}: {i!r} is not a byte-level token")
+        ranks[bytes(byte_of[c] for c in token)] = i
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerError(f"the vocabulary lacks {len(missing)} of the 256 single-byte tokens (e.g. byte "
+                             f"{missing[0]}): not a byte-level BPE")
+    last = max(ranks[bytes([b])] for b in range(256))
+    for n, merge in enumerate(merges):
+        parts = merge.split(" ") if isinstance(merge, str) else []
+        if len(parts) != 2 or not all(part in vocab for part in parts) or parts[0] + parts[1] not in vocab:
+            raise TokenizerError(f"merge {n + 1} ({merge!r}) is not two vocabulary tokens joining into a third")
+        made = vocab[parts[0] + parts[1]]
+        if made <= last:
+            raise TokenizerError(f"merge {n + 1} ({merge!r}) makes token {made}, not after the tokens before it: "
+                                 "the vocabulary's ids do not follow the merge order")
+        last = made
+    if len(set(ranks.values()) | set(special.values())) != len(ranks) + len(special):
+        raise TokenizerError("two vocabulary entries share an id")
+    return ranks
+
+
 class Tokenizer:
 
     def __init__(self, spec):
@@ -133,10 +181,17 @@ class Tokenizer:
                     f"use the default trained BPE tokenizer instead") from e
             self.name = "gpt2"
             self.spec = {"kind": "gpt2"}
+        elif kind == "byte-level":
+            vocab, merges, special = spec.get("vocab"), spec.get("merges"), spec.get("special", {})
+            ranks = _vocab_ranks(vocab, merges, special)
+            self.name = f"byte-level-{len(vocab)}"
+            self.spec = {"kind": "byte-level", "vocab": dict(vocab), "merges": list(merges), "special": dict(special)}
+            self.encoding = tiktoken.Encoding(name=self.name, pat_str=GPT2_SPLIT_PATTERN,
+                                              mergeable_ranks=ranks, special_tokens=dict(special))
         else:
             shown = repr(kind) if isinstance(spec, dict) else f"of type {type(spec).__name__}"
             raise TokenizerError(f"tokenizer spec is not valid: unknown kind {shown} "
-                            f"(expected 'bpe' or 'gpt2')")
+                            f"(expected 'bpe', 'gpt2' or 'byte-level')")
         self.vocab_size = self.encoding.n_vocab
 
     @classmethod
@@ -146,6 +201,18 @@ class Tokenizer:
             raise TokenizerError(f"tokenizer vocab size must be at least 256 (one token per byte), "
                             f"got {vocab_size}")
         return cls({"kind": "bpe", "merges": [list(m) for m in train_bpe(text, vocab_size)]})
+
+    @classmethod
+    def from_files(cls, vocab_path, merges_path):
+        """A GPT-2-style tokenizer from Hugging Face's vocab.json and merges.txt; <|endoftext|> is
+        its special token where the vocabulary has it."""
+        with open(vocab_path, encoding="utf-8") as f:
+            vocab = json.load(f)
+        with open(merges_path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        merges = [line for line in lines if line and not line.startswith("#version")]
+        special = {t: vocab[t] for t in ("<|endoftext|>",) if t in vocab}
+        return cls({"kind": "byte-level", "vocab": vocab, "merges": merges, "special": special})
 
     def encode(self, text):
         return self.encoding.encode_ordinary(text)

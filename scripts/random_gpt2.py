@@ -1,0 +1,44 @@
+"""A GPT-2 of one of the real sizes with random weights, saved the way Hugging Face saves GPT-2, for
+timing what a pass of a model that size costs here (no real weights are on this machine, and a
+pass costs the same whatever the weights are):
+
+    python -m scripts.random_gpt2 gpt2-large /tmp/gpt2-large
+    python -m model.convert /tmp/gpt2-large out/gpt2-large.pt
+    python bench.py --profile out/target.pt out/gpt2-large.pt
+
+Its tokenizer has only the 256 single-byte tokens and <|endoftext|>: enough to import and time the
+model, not to read what it writes. Needs transformers (requirements-dev.txt).
+"""
+import json
+import os
+import sys
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from model.tokenizer import gpt2_byte_alphabet
+
+SIZES = {  # n_layer, n_head, n_embd, as published with the GPT-2 checkpoints
+    "gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280), "gpt2-xl": (48, 25, 1600),
+}
+VOCAB_SIZE, CONTEXT = 50257, 1024
+
+
+def main(size, folder):
+    n_layer, n_head, n_embd = SIZES[size]
+    config = GPT2Config(vocab_size=VOCAB_SIZE, n_positions=CONTEXT, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    vocab = {char: i for i, char in enumerate(gpt2_byte_alphabet())}
+    vocab["<|endoftext|>"] = VOCAB_SIZE - 1
+    with open(os.path.join(folder, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f)
+    with open(os.path.join(folder, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n")
+    print(f"wrote a random {size} ({n_layer} layers, {n_head} heads, {n_embd} wide) to {folder}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in SIZES:
+        sys.exit(f"usage: python -m scripts.random_gpt2 {{{','.join(SIZES)}}} FOLDER")
+    main(*sys.argv[1:])

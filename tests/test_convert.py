@@ -1,0 +1,204 @@
+"""Imported GPT-2 checkpoints: Hugging Face's GPT2LMHeadModel and our GPT compute the same thing, our
+tokenizer splits text as Hugging Face's does, and every method speculates on an imported model.
+
+The models are random, of two tiny GPT-2 shapes, made and saved by `transformers` (a test-only
+dependency); the tokenizer is a byte-level BPE trained on the fixture by Hugging Face `tokenizers`.
+"""
+import json
+import shutil
+
+import pytest
+import torch
+
+from decode import generate
+from decode.sampling import Sampling
+from decode.tree import Candidates, pass_mask
+from model import convert
+from model.checkpoint import load_model
+from model.tokenizer import Tokenizer
+from tests.conftest import SHAKESPEARE, run_cli
+from tests.test_cli import assert_one_line_error
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+SHAPES = {"small": dict(n_embd=32, n_layer=2, n_head=2), "large": dict(n_embd=48, n_layer=3, n_head=4)}
+CONTEXT = 64
+MIXED_TEXT = [
+    "Hello, world! It's 2024 — naïve café, Straße, Ελληνικά, русский, 日本語のテキスト, 한국어, emoji 😀👍🏽.",
+    "don't won't I'm we'll they're you've she'd 'tis O'er",
+    "tabs\tand\t\tspaces   runs    of   whitespace   ",
+    "  leading spaces and trailing newline\n", "\n\n\nnewlines\r\nand CRLF\r\n", "numbers 3.14159 1,000,000 42nd",
+    "symbols: <|> {}[]() @#$%^&* ~`_+=-/\\ ¡¿ «» “quotes”", "\u00a0non-breaking\u2009thin\u200bzero-width",
+]
+
+
+def gpt2_folder(folder, shape, vocab_files, seed, weights="safetensors"):
+    """A random GPT2LMHeadModel of `shape` saved the way Hugging Face saves it, with the tokenizer's
+    files beside it. Every weight, bias and layer-norm gain is random, so a transpose or a mix-up
+    anywhere shows. Returns the model (eval, float64)."""
+    torch.manual_seed(seed)
+    vocab_size = len(json.loads((vocab_files / "vocab.json").read_text(encoding="utf-8")))
+    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=CONTEXT, bos_token_id=None,
+                                     eos_token_id=None, **shape)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.normal_(1.0 if ".ln_" in name and name.endswith(".weight") else 0.0, 0.3)
+    if weights == "safetensors":
+        hf.save_pretrained(folder)
+    else:  # the older format: a state dict pickled by torch.save
+        hf.config.save_pretrained(folder)
+        torch.save(hf.state_dict(), folder / "pytorch_model.bin")
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(vocab_files / name, folder / name)
+    return hf.double()
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tmp_path_factory):
+    """(a byte-level BPE trained by Hugging Face on the fixture, the folder of its vocab/merges)."""
+    folder = tmp_path_factory.mktemp("bpe")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator([SHAKESPEARE.read_text(encoding="utf-8")], vocab_size=420, min_frequency=2,
+                            special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.save_model(str(folder))
+    return bpe, folder
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory, hf_tokenizer):
+    """{shape: (HF model, our checkpoint path)}: the small one saved as safetensors, the large one as
+    pytorch_model.bin, both converted with `python -m model.convert`."""
+    models = {}
+    for seed, (shape, weights) in enumerate([("small", "safetensors"), ("large", "bin")]):
+        folder = tmp_path_factory.mktemp(f"gpt2-{shape}")
+        hf = gpt2_folder(folder, SHAPES[shape], hf_tokenizer[1], seed, weights)
+        out = folder / "converted.pt"
+        assert convert.main([str(folder), str(out)]) == 0
+        models[shape] = hf, out
+    return models
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@torch.no_grad()
+def test_logits_equal_hugging_face(imported, shape, dtype, tolerance):
+    hf, path = imported[shape]
+    hf = hf.to(dtype)
+    model, _, _ = load_model(path, dtype=dtype)
+    tokens = torch.randint(model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    expected = hf(tokens).logits[0]  # (40, vocab)
+
+    def close(ours, theirs):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=tolerance)
+
+    cache = model.new_cache()
+    close(model(tokens[:, :30], cache)[0], expected[:30])  # prefill
+    cache.commit()
+    for t in range(30, 35):  # cached single steps
+        close(model(tokens[:, t:t + 1], cache)[0, 0], expected[t])
+        cache.commit()
+    # a tree-masked verify pass: each node's logits are those of the text along its path
+    root = tokens[0, 35].item()
+    tree = Candidates([11, 12, 13, 14, 15, 16], [-1, 0, 0, -1, 3, 4])
+    pos = torch.tensor([35] + [35 + d for d in tree.depths()])
+    logits = model(torch.tensor([[root, *tree.tokens]]), cache, pos=pos, mask=pass_mask(tree, 1))[0]
+    for node in range(len(tree)):
+        path, v = [], node
+        while v >= 0:
+            path.insert(0, tree.tokens[v])
+            v = tree.parents[v]
+        text = torch.cat([tokens[0, :36], torch.tensor(path)])[None]
+        close(logits[node + 1], hf(text).logits[0, -1])
+
+
+def test_greedy_generation_equals_hugging_face_generate(imported):
+    hf, path = imported["large"]
+    model, tokenizer, _ = load_model(path, dtype=torch.float64)
+    prompt = tokenizer.encode("ROMEO:\nWhat light")
+    ours, _ = generate(model, prompt, 40, Sampling())
+    theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, pad_token_id=0)
+    assert ours == theirs[0, len(prompt):].tolist()
+    r = run_cli("generate.py", "--target", path, "--prompt", "ROMEO:\nWhat light", "--temperature", "0",
+                "--dtype", "float64", "--max-new-tokens", "40", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"] == tokenizer.decode(ours)
+
+
+def test_tokenizer_equals_hugging_face(hf_tokenizer):
+    bpe, folder = hf_tokenizer
+    ours = Tokenizer.from_files(folder / "vocab.json", folder / "merges.txt")
+    assert ours.vocab_size == bpe.get_vocab_size()
+    lines = SHAKESPEARE.read_text(encoding="utf-8").splitlines()[:300] + MIXED_TEXT
+    for line in lines:
+        ids = ours.encode(line)
+        assert ids == bpe.encode(line).ids, line
+        assert ours.decode(ids) == line
+    assert ours.spec == Tokenizer(ours.spec).spec  # travels in a checkpoint
+
+
+def test_tokenizer_refuses_a_vocabulary_out_of_merge_order(hf_tokenizer, tmp_path):
+    _, folder = hf_tokenizer
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    merges = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+    first, second = [m for m in merges if not m.startswith("#")][:2]
+    a, b = ("".join(m.split(" ")) for m in (first, second))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    with pytest.raises(ValueError, match="merge order"):
+        Tokenizer.from_files(tmp_path / "vocab.json", folder / "merges.txt")
+
+
+@pytest.mark.parametrize("method, setting", [("draft", ["--k", "3"]), ("lookahead", []),
+                                             ("prompt-lookup", []), ("jacobi", []), ("medusa", [])])
+def test_every_method_on_an_imported_model_says_what_plain_says(imported, tmp_path_factory, method, setting):
+    """Greedy, float64, past the 64-token context (the slide), the small GPT-2 drafting for the large."""
+    _, target = imported["large"]
+    _, small = imported["small"]
+    out_dir = tmp_path_factory.getbasetemp() / "imported-heads"
+    if method == "medusa" and not (out_dir / "medusa.pt").exists():
+        r = run_cli("train.py", "--what", "medusa", "--target", target, "--out-dir", out_dir, "--data", SHAKESPEARE,
+                    "--max-iters", "4", "--batch-size", "4", "--eval-iters", "1", "--medusa-heads", "2")
+        assert r.returncode == 0, r.stderr
+    r = run_cli("generate.py", "--target", target, "--draft", small, "--out-dir", out_dir, "--spec", method, *setting,
+                "--prompt", "ROMEO:\nWhat light", "--temperature", "0", "--dtype", "float64",
+                "--max-new-tokens", "80", "--compare", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["identical_to_plain"] is True
+
+
+def test_a_draft_of_another_tokenizer_is_refused(imported, tmp_path):
+    _, target = imported["large"]
+    state = torch.load(imported["small"][1], weights_only=True)
+    state["tokenizer"]["merges"] = state["tokenizer"]["merges"][:-1]
+    torch.save(state, tmp_path / "other.pt")
+    assert_one_line_error(run_cli("generate.py", "--target", target, "--spec", "draft", "--draft", tmp_path / "other.pt"),
+                          "another tokenizer")
+
+
+def test_train_draft_for_an_imported_target(imported, tmp_path):
+    _, target = imported["large"]
+    r = run_cli("train.py", "--what", "draft", "--target", target, "--out-dir", tmp_path, "--data", SHAKESPEARE,
+                "--preset", "tiny", "--max-iters", "2", "--eval-iters", "1")
+    assert r.returncode == 0, r.stderr
+    _, draft_tokenizer, state = load_model(tmp_path / "draft.pt", kind="draft")
+    assert draft_tokenizer.spec == load_model(target)[1].spec and state["config"]["block_size"] == CONTEXT
+
+
+def test_bad_folders_get_one_line(imported, tmp_path, capsys):
+    hf, _ = imported["small"]
+    folder = tmp_path / "gpt2"
+    hf.save_pretrained(folder)
+    assert convert.main([str(folder), str(tmp_path / "out.pt")]) == 1  # no vocab.json
+    assert "vocab.json" in capsys.readouterr().err
+    assert convert.main([str(tmp_path / "nowhere"), str(tmp_path / "out.pt")]) == 1
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, activation_function="relu")))
+    assert convert.main([str(folder), str(tmp_path / "out.pt")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "nowhere" in err[0] and "activation_function" in err[1]
+    assert not (tmp_path / "out.pt").exists()
+    r = run_cli("-m", "model.convert", tmp_path / "nowhere", tmp_path / "out.pt")
+    assert_one_line_error(r, "nowhere")
+    assert_one_line_error(run_cli("generate.py", "--target", tmp_path / "missing.pt"), "--target", "missing.pt")
