@@ -29,9 +29,11 @@ import cli
 from data import read_text, split_text
 from decode import Plain, generate
 from decode.cost import cost_curve, forward_seconds, profile_prefix
+from decode.draft import AUTO_K_MAX, predicted_speedup
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from decode.speculative import PHASES
 from decode.stats import DecodeStats
+from model.checkpoint import load_model
 from model.medusa import load_medusa
 
 ROWS = {  # the settings benchmarked by default, one row each
@@ -42,6 +44,7 @@ ROWS = {  # the settings benchmarked by default, one row each
     "medusa": ["chain", "saved", "4", "8", "32"],
 }
 NOISE_ROW = "none again (noise)"
+ALPHAS = (0.6, 0.7, 0.8)  # acceptance rates at which --profile predicts a draft's speedup (it measures none)
 
 
 def parse_args(argv=None):
@@ -63,9 +66,13 @@ def parse_args(argv=None):
     cli.add_device_args(p)
     cli.add_attn_arg(p)
     cli.add_compile_arg(p)
-    p.add_argument("--profile", action="store_true",
-                   help="measure r(n) instead of decoding, and drop the costs stored in OUT_DIR/costs.json "
-                        "for this machine, so that the next run that sizes itself measures them again")
+    p.add_argument("--profile", nargs="*", metavar="CHECKPOINT",
+                   help="measure r(n) instead of decoding: the target's, after three prefix lengths (this drops "
+                        "the costs stored in OUT_DIR/costs.json for this machine, so that the next run that "
+                        "sizes itself measures them again); or, given checkpoints, each one's after half its "
+                        "context, plotted with --plot into DIR/cost_by_size.png, and with --draft, the "
+                        "draft's step cost c against each larger one and the speedup the cost model predicts "
+                        f"at alpha {', '.join(map(str, ALPHAS))}")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="DIR", help="draw the cost curve r(n) and each row's measured and predicted "
                                                  "speedup into DIR/cost_curve.png and DIR/speedup.png "
@@ -105,45 +112,107 @@ def machine(header):
             f"{header['threads']} threads")
 
 
-def print_profile(model, header, json_out):
+def profile_target(args, model, header):
+    """--profile alone: the target's r(n) after three prefix lengths (short, half, nearly full)."""
     block_size = model.config.block_size
-    # prefixes that leave room for the new positions inside the context
-    max_n = min(64, block_size // 2)
+    max_n = min(64, block_size // 2)  # prefixes that leave room for the new positions inside the context
     prefixes = sorted({1, (block_size - max_n) // 2, block_size - max_n})
-    curves = {p: cost_curve(model, max_n, p) for p in prefixes}
+    curves = {f"P={p}": cost_curve(model, max_n, p) for p in prefixes}
+    print_profile(curves, header, args.json, f"{header['params_millions']}M parameters",
+                  "verify-pass cost r(n) = time(n new tokens) / time(1), after P cached tokens")
+
+
+def profile_checkpoints(args):
+    """--profile CHECKPOINT ...: each checkpoint's r(n) after half its context (the prefix the cost
+    model uses), and with --draft, the draft's step cost c against each larger checkpoint of its
+    tokenizer and the speedup the cost model predicts for it at a few acceptance rates."""
+    device, dtype = cli.setup_device(args)
+    header = dict(command="python " + " ".join(sys.argv), device=device, dtype=cli.dtype_name(dtype),
+                  compiled=args.compile, threads=torch.get_num_threads())
+    draft = None
+    if args.draft:
+        draft, draft_tokenizer, _ = load_model(cli.checkpoint_of(args, "draft"), kind="draft", device=device, dtype=dtype)
+        draft_params = draft.num_params()
+        draft = cli.compiled(draft, args.draft, args, device, dtype, prepare=True)
+        draft_seconds = forward_seconds(draft, 1, profile_prefix(draft))
+    curves, predictions = {}, {}
+    for path in args.profile:
+        if not os.path.isfile(path):
+            raise cli.UserError(f"--profile {path}: no such file")
+        target, tokenizer, _ = load_model(path, device=device, dtype=dtype)
+        params = target.num_params()
+        label = f"{path} ({params / 1e6:,.0f}M)" if params >= 1e7 else f"{path} ({params / 1e6:.2f}M)"
+        model = cli.compiled(target, path, args, device, dtype, prepare=True)
+        block_size = model.config.block_size
+        curves[label] = r, seconds = cost_curve(model, min(64, block_size // 2), profile_prefix(model))
+        if draft is not None and draft_tokenizer.spec == tokenizer.spec and draft_params < target.num_params():
+            c = draft_seconds / seconds
+            predictions[label] = dict(draft=os.path.basename(args.draft), c=c, best=[best_k(a, r, c) for a in ALPHAS])
+        del target, model  # before the next one is loaded
+    print_profile(curves, header, args.json, "each after half its context",
+                  "verify-pass cost r(n) = time(n new tokens) / time(1), per model", predictions=predictions)
+    if args.plot:
+        plot_cost_curves(curves, header, args.plot, "cost_by_size.png")
+    return 0
+
+
+def best_k(alpha, r, c):
+    """(k, predicted speedup) of the k up to AUTO_K_MAX that the cost model rates best at acceptance alpha."""
+    return max(((k, predicted_speedup(alpha, k, r, c)) for k in range(1, AUTO_K_MAX + 1)), key=lambda kv: kv[1])
+
+
+def print_profile(curves, header, json_out, about, title, predictions=None):
+    """curves: {column label: (r, seconds of r(1))}; predictions: {label: dict(c, best=[(k, speedup)])}."""
     if json_out:
-        print(json.dumps(dict(header, profile={str(p): dict(r=r, seconds_1=s) for p, (r, s) in curves.items()})))
+        print(json.dumps(dict(header, profile={label: dict(r=r, seconds_1=s, **(predictions or {}).get(label, {}))
+                                               for label, (r, s) in curves.items()})))
         return
-    print(f"# {header['command']}  ({machine(header)}, {header['params_millions']}M parameters)")
-    print("verify-pass cost r(n) = time(n new tokens) / time(1), after P cached tokens")
-    print("   n " + "".join(f"{'P=' + str(p):>9}" for p in prefixes))
-    for n in range(1, max_n + 1):
-        print(f"{n:>4} " + "".join(f"{curves[p][0][n - 1]:>9.2f}" for p in prefixes))
-    print("time(1): " + ", ".join(f"P={p} {curves[p][1] * 1e3:.2f} ms" for p in prefixes))
+    print(f"# {header['command']}  ({machine(header)}, {about})")
+    print(title)
+    width = max(9, max(map(len, curves)) + 2)
+    print("   n " + "".join(f"{label:>{width}}" for label in curves))
+    for n in range(1, max(len(r) for r, _ in curves.values()) + 1):
+        print(f"{n:>4} " + "".join(f"{r[n - 1]:>{width}.2f}" if n <= len(r) else " " * width for r, _ in curves.values()))
+    print("time(1): " + ", ".join(f"{label} {s * 1e3:.2f} ms" for label, (_, s) in curves.items()))
+    for label, p in (predictions or {}).items():
+        print(f"draft {p['draft']} for {label}: step cost c = {p['c']:.3f}; "
+              "predicted speedup (best k) at " + ", ".join(
+                  f"alpha {alpha}: {speedup:.2f}x (k={k})" for alpha, (k, speedup) in zip(ALPHAS, p["best"])))
 
 
-def plot(rows, r, header, directory):
-    """DIR/cost_curve.png: r(n) as measured in this run; DIR/speedup.png: each row's measured
-    speedup beside the cost model's prediction."""
+def pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise cli.UserError("--plot needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def plot_cost_curves(curves, header, directory, name):
+    """DIR/name: r(n), one curve per {label: (r, seconds)}, beside the flat line of an ideal accelerator."""
+    plt = pyplot()
     os.makedirs(directory, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4))
-    n = range(1, len(r) + 1)
-    ax.plot(n, r, "o-", ms=3, label="measured r(n)")
-    ax.plot(n, [1.0] * len(r), color="grey", lw=0.8, label="free extra tokens (the ideal accelerator)")
+    longest = max(len(r) for r, _ in curves.values())
+    for label, (r, _) in curves.items():
+        ax.plot(range(1, len(r) + 1), r, "o-", ms=3, label=label)
+    ax.plot(range(1, longest + 1), [1.0] * longest, color="grey", lw=0.8, label="free extra tokens (the ideal accelerator)")
     ax.set_xlabel("tokens in one pass n")
     ax.set_ylabel("time / time of a 1-token step")
     ax.set_title(f"Verify-pass cost ({machine(header)})", fontsize=10)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(directory, "cost_curve.png"), dpi=120)
+    fig.savefig(os.path.join(directory, name), dpi=120)
     plt.close(fig)
 
+
+def plot(rows, r, header, directory):
+    """DIR/cost_curve.png: r(n) as measured in this run; DIR/speedup.png: each row's measured
+    speedup beside the cost model's prediction."""
+    plot_cost_curves({"measured r(n)": (r, None)}, header, directory, "cost_curve.png")
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 0.28 * len(rows) + 1.2))
     y = range(len(rows))
     ax.barh([i - 0.2 for i in y], [row["speedup"] for row in rows], height=0.4, label="measured")
@@ -183,16 +252,18 @@ def build_rows(args, model, draft, heads, methods, costs):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.profile:  # checkpoints of their own, instead of the target
+        return profile_checkpoints(args)
     sampling, device, dtype, target, tokenizer, state = cli.setup(args)
-    model = cli.compiled(target, "target", args, device, dtype, prepare=True)  # no compile inside a timed run
+    model = cli.compiled(target, cli.checkpoint_of(args, "target"), args, device, dtype, prepare=True)  # no compile inside a timed run
     block_size = model.config.block_size
     header = dict(command="python " + " ".join(sys.argv), device=device, dtype=cli.dtype_name(dtype),
                   compiled=args.compile, params_millions=round(target.num_params() / 1e6, 2),
                   threads=torch.get_num_threads(),
                   sampling="greedy" if sampling.greedy else f"temperature {args.temperature}")
-    if args.profile:
+    if args.profile is not None:
         cli.stored_costs(args, device, dtype).forget()  # the next sized run measures afresh
-        print_profile(model, header, args.json)
+        profile_target(args, model, header)
         return 0
 
     if args.methods is None:  # every method whose checkpoint exists
@@ -213,7 +284,7 @@ def main(argv=None):
         raise cli.UserError(f"--prompt-len must be between 1 and the model's context of {block_size}")
 
     draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if "draft" in methods else None
-    draft = cli.compiled(draft, "draft", args, device, dtype, prepare=True)
+    draft = cli.compiled(draft, cli.checkpoint_of(args, "draft"), args, device, dtype, prepare=True)
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), target, tokenizer, device, dtype) if "medusa" in methods else None
     proposers = build_rows(args, model, draft, heads, methods, cli.stored_costs(args, device, dtype))
     prefix = profile_prefix(model)

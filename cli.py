@@ -119,20 +119,18 @@ def add_compile_arg(parser):
                              "in OUT_DIR/compiled")
 
 
-def compiled(model, kind, args, device, dtype, prepare=False):
-    """`model` (the checkpoint of `kind` the flags name) on the compiled path if args.compile asks;
+def compiled(model, path, args, device, dtype, prepare=False):
+    """`model`, loaded from the checkpoint at `path`, on the compiled path if args.compile asks;
     prepare: load or compile every pass size now rather than on first use."""
     if not args.compile or model is None:
         return model
-    path = checkpoint_of(args, kind)
     st = os.stat(path)
-    name = (f"{kind}-{os.path.basename(path)}-{st.st_size}-{st.st_mtime_ns}-{device}-{dtype_name(dtype)}"
-            f"-torch{torch.__version__}")
+    name = f"{os.path.basename(path)}-{st.st_size}-{st.st_mtime_ns}-{device}-{dtype_name(dtype)}-torch{torch.__version__}"
     folder = os.path.join(args.out_dir, "compiled", name.replace(":", "_"))
 
     def say(bucket, seconds):
         if seconds is None:
-            print(f"compiling the {kind}'s {bucket}-token pass for {device} {dtype_name(dtype)} "
+            print(f"compiling {os.path.basename(path)}'s {bucket}-token pass for {device} {dtype_name(dtype)} "
                   f"(once: kept in {os.path.join(args.out_dir, 'compiled')}) ...", end="", file=sys.stderr, flush=True)
         else:
             print(f" {seconds:.0f} s", file=sys.stderr)
@@ -230,12 +228,18 @@ def stored_costs(args, device, dtype):
     return StoredCosts(os.path.join(args.out_dir, "costs.json"), machine, on_measure=say)
 
 
+def setup_device(args):
+    """(device, dtype) from the flags, with the attention backend chosen for them."""
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    use_attn(args.attn, device, dtype)
+    return device, dtype
+
+
 def setup(args):
     """What generate.py and bench.py both start from: (Sampling, device, dtype, target model,
     tokenizer, target checkpoint dict), with the attention backend chosen."""
     sampling = sampling_from_args(args)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    use_attn(args.attn, device, dtype)
+    device, dtype = setup_device(args)
     model, tokenizer, state = load_model(checkpoint_of(args, "target"), device=device, dtype=dtype)
     return sampling, device, dtype, model, tokenizer, state

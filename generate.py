@@ -71,8 +71,8 @@ def main(argv=None):
 
     draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), model, tokenizer, device, dtype) if args.spec == "medusa" else None
-    model = cli.compiled(model, "target", args, device, dtype)
-    draft = cli.compiled(draft, "draft", args, device, dtype)
+    model = cli.compiled(model, cli.checkpoint_of(args, "target"), args, device, dtype)
+    draft = cli.compiled(draft, cli.checkpoint_of(args, "draft"), args, device, dtype)
     proposer = make_proposer(args.spec, setting, model, draft, heads,
                              sizing=args.sizing, pool_from_prompt=args.pool_from_prompt, typical=args.typical,
                              costs=costs)

@@ -32,6 +32,11 @@ def expected_tokens(alpha, k):
     return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def predicted_speedup(alpha, k, r, c):
+    """Tokens per unit of time with k guesses, in plain steps: E(k) / (r(k+1) + k*c)."""
+    return expected_tokens(alpha, k) / (r[k] + k * c)
+
+
 def parse_k(value):
     """(k, schedule) from a k setting: a number from 1 to MAX_K, "auto" or "heuristic"."""
     if value in ("auto", "heuristic"):
@@ -71,7 +76,7 @@ class DraftModel(Proposer):
         if self.schedule != "auto":
             return self.k
         alpha = (self.accepted + ALPHA_PRIOR * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
-        return max(range(1, self.k_max + 1), key=lambda k: expected_tokens(alpha, k) / (self.r[k] + k * self.c))
+        return max(range(1, self.k_max + 1), key=lambda k: predicted_speedup(alpha, k, self.r, self.c))
 
     def _step(self, new_tokens):
         """Feed new_tokens to the draft, keep them, return the logits after the last one."""

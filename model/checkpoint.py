@@ -63,11 +63,13 @@ def load_checkpoint(path, kind="target", mmap=False):
 
 
 def load_model(path, kind="target", device="cpu", dtype=torch.float32):
-    """(model in eval mode, tokenizer, raw checkpoint dict) from a checkpoint file."""
+    """(model in eval mode, tokenizer, the checkpoint's other entries: config, data, ...) from a
+    checkpoint file."""
     state = load_checkpoint(path, kind, mmap=True)
     with torch.device("meta"):  # no memory and no random init for weights about to be replaced
         model = GPT(GPTConfig(**state["config"]))
-    model.load_state_dict(state["model"], assign=True)  # the mapped tensors: one copy of a large model, not two
+    model.load_state_dict(state.pop("model"), assign=True)  # the mapped tensors: one copy of a large model, not two
+    state.pop("optimizer", None)  # nor does anything keep the file's other tensors mapped
     model.transformer.wte.weight = model.lm_head.weight  # assigning untied them
     model.to(device=device, dtype=dtype).eval()
     try:

@@ -214,4 +214,4 @@ def test_generate_compiled_says_what_eager_says_and_compiles_once(tiny_checkpoin
     first, second = (run_cli(*args, "--compile", timeout=300) for _ in range(2))
     assert eager.returncode == first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert json.loads(first.stdout)["text"] == json.loads(second.stdout)["text"] == json.loads(eager.stdout)["text"]
-    assert "compiling the target's" in first.stderr and "compiling" not in second.stderr
+    assert "compiling target.pt's" in first.stderr and "compiling" not in second.stderr

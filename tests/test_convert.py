@@ -11,12 +11,14 @@ import pytest
 import torch
 
 from decode import generate
+from decode.methods import make_proposer
 from decode.sampling import Sampling
 from decode.tree import Candidates, pass_mask
 from model import convert
 from model.checkpoint import load_model
-from model.tokenizer import Tokenizer
-from tests.conftest import SHAKESPEARE, run_cli
+from model.medusa import MedusaConfig, MedusaHeads
+from model.tokenizer import Tokenizer, gpt2_byte_alphabet
+from tests.conftest import SHAKESPEARE, run_cli, tiny_model
 from tests.test_cli import assert_one_line_error
 
 transformers = pytest.importorskip("transformers")
@@ -202,3 +204,78 @@ def test_bad_folders_get_one_line(imported, tmp_path, capsys):
     r = run_cli("-m", "model.convert", tmp_path / "nowhere", tmp_path / "out.pt")
     assert_one_line_error(r, "nowhere")
     assert_one_line_error(run_cli("generate.py", "--target", tmp_path / "missing.pt"), "--target", "missing.pt")
+
+
+def test_bench_profiles_each_size_and_predicts_the_draft(imported, tmp_path):
+    (_, small), (_, large) = imported["small"], imported["large"]
+    r = run_cli("bench.py", "--profile", small, large, "--draft", small, "--json", "--plot", tmp_path)
+    assert r.returncode == 0, r.stderr
+    profile = json.loads(r.stdout)["profile"]
+    assert len(profile) == 2 and all(len(p["r"]) == CONTEXT // 2 and p["r"][0] == 1.0 for p in profile.values())
+    small_row, large_row = profile.values()
+    assert "c" not in small_row and large_row["c"] > 0  # a draft is priced only against larger models
+    assert [k for k, _ in large_row["best"]] and all(speedup > 0 for _, speedup in large_row["best"])
+    assert (tmp_path / "cost_by_size.png").read_bytes().startswith(b"\x89PNG")
+    assert_one_line_error(run_cli("bench.py", "--profile", tmp_path / "none.pt"), "none.pt")
+
+
+@pytest.mark.parametrize("method, setting", [("draft", "3"), ("lookahead", "5,3,5"), ("prompt-lookup", None),
+                                             ("jacobi", None), ("medusa", "8")])
+def test_every_method_at_gpt2s_context_length(method, setting):
+    """GPT-2's 1,024 positions: a 1,000-token prompt and 100 new tokens cross the slide, greedy."""
+    target = tiny_model(seed=0, block_size=1024, vocab_size=96, n_embd=16)
+    draft = tiny_model(seed=1, block_size=1024, vocab_size=96, n_embd=16, n_layer=1)
+    heads = MedusaHeads(target, MedusaConfig(n_heads=2)).double()
+    with torch.no_grad():  # trained heads are not the identity; random ones will do
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    prompt = torch.randint(96, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt[-60:] = prompt[:60]  # a repeat for prompt lookup to find
+    proposer = make_proposer(method, setting, target, draft, (heads, dict(tree=[[0]], accuracies=[[0.5] * 10] * 2)),
+                             sizing="fixed")
+    plain, _ = generate(target, prompt, 100, Sampling())
+    ours, _ = generate(target, prompt, 100, Sampling(), proposer=proposer)
+    assert ours == plain
+
+
+def test_gpt2s_own_vocabulary_agrees_with_tiktoken(tmp_path, monkeypatch):
+    """Where tiktoken's GPT-2 encoding is cached on the machine: GPT-2's vocab.json and merges.txt,
+    written back out of it, give a tokenizer that splits text as tiktoken's does."""
+    import tiktoken
+    import tiktoken.load
+
+    def offline(blobpath):
+        raise ConnectionError("the tests do not download")
+    monkeypatch.setattr(tiktoken.load, "read_file", offline)  # only the cache may answer
+    try:
+        encoding = tiktoken.get_encoding("gpt2")
+    except Exception:
+        pytest.skip("tiktoken's GPT-2 encoding is not cached on this machine")
+    ranks = encoding._mergeable_ranks
+    alphabet = gpt2_byte_alphabet()
+
+    def spell(token):
+        return "".join(alphabet[b] for b in token)
+
+    def halves(token):
+        """The two tokens BPE joins into `token`: merge with the ranks below its own until two are left."""
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            i = min(range(len(parts) - 1), key=lambda j: ranks.get(parts[j] + parts[j + 1], len(ranks)))
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        return parts
+    vocab = {spell(token): rank for token, rank in ranks.items()} | {"<|endoftext|>": encoding.eot_token}
+    merges = [" ".join(map(spell, halves(token))) for token, _ in sorted(ranks.items(), key=lambda kv: kv[1])
+              if len(token) > 1]
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    ours = Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert ours.vocab_size == encoding.n_vocab == 50257
+    for line in SHAKESPEARE.read_text(encoding="utf-8").splitlines()[:300] + MIXED_TEXT:
+        assert ours.encode(line) == encoding.encode_ordinary(line), line
+
+
+def test_the_byte_alphabet_is_gpt2s():
+    alphabet = gpt2_byte_alphabet()
+    assert (alphabet[ord(" ")], alphabet[ord("\n")], alphabet[ord("A")]) == ("Ġ", "Ċ", "A")  # as in "Ġthe"
+    assert len(set(alphabet)) == 256
