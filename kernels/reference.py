@@ -39,7 +39,21 @@ def reference_attention(q, k, v, mask=None):
         raise ValueError(f"attention: mask must be a bool ({n}, {n}) or ({n}, {total}) tensor, "
                          f"got {mask.dtype} {tuple(mask.shape)}")
     if mask.shape == (n, total):
+        if n == 1:
+            return lone_query_attention(q, k, v, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     full = torch.ones(n, total, dtype=torch.bool, device=q.device)  # (n, P+n)
     full[:, prefix:] = mask
     return F.scaled_dot_product_attention(q, k, v, attn_mask=full)
+
+
+def lone_query_attention(q, k, v, mask):
+    """One query's attention written out: a score per key, a softmax, a weighted sum of the values.
+    For the static path's decode step (model/compiled.py): compiled, this is fused into the pass's own
+    code, where SDPA's CPU kernel stays an external call that costs more than the arithmetic (a
+    step 15-40% faster; docs/2026-12-03-epyc-f.md).
+    q: (B, H, 1, D); k, v: (B, H, T, D); mask: bool (1, T). Returns (B, H, 1, D)."""
+    scores = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5  # (B, H, 1, T)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))  # fp32 at least
+    return weights.to(q.dtype) @ v
