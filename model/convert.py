@@ -150,9 +150,9 @@ def main(argv=None):
         return 2
     try:
         config, tokenizer = convert(*argv)
-    except CheckpointError as e:
+    except CheckpointError as e:  # bad input: one line and status 2, as from every command
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {argv[1]}: {config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, context "
           f"{config.block_size}, vocabulary {config.vocab_size} ({tokenizer.name})")
     return 0

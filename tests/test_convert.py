@@ -170,6 +170,17 @@ def test_every_method_on_an_imported_model_says_what_plain_says(imported, tmp_pa
     assert json.loads(r.stdout)["identical_to_plain"] is True
 
 
+def test_bench_decodes_with_an_imported_target_and_draft(imported):
+    (_, small), (_, large) = imported["small"], imported["large"]
+    r = run_cli("bench.py", "--target", large, "--draft", small, "--data", SHAKESPEARE, "--methods", "draft,prompt-lookup",
+                "--k", "2", "--num-prompts", "2", "--prompt-len", "16", "--max-new-tokens", "8", "--dtype", "float64",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["method"] for row in rows] == ["none", "draft 2", "prompt-lookup 3,5,2", "none again (noise)"]
+    assert all(row["identical_to_plain"] == 1.0 for row in rows)
+
+
 def test_a_draft_of_another_tokenizer_is_refused(imported, tmp_path):
     _, target = imported["large"]
     state = torch.load(imported["small"][1], weights_only=True)
@@ -192,12 +203,12 @@ def test_bad_folders_get_one_line(imported, tmp_path, capsys):
     hf, _ = imported["small"]
     folder = tmp_path / "gpt2"
     hf.save_pretrained(folder)
-    assert convert.main([str(folder), str(tmp_path / "out.pt")]) == 1  # no vocab.json
+    assert convert.main([str(folder), str(tmp_path / "out.pt")]) == 2  # no vocab.json
     assert "vocab.json" in capsys.readouterr().err
-    assert convert.main([str(tmp_path / "nowhere"), str(tmp_path / "out.pt")]) == 1
+    assert convert.main([str(tmp_path / "nowhere"), str(tmp_path / "out.pt")]) == 2
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, activation_function="relu")))
-    assert convert.main([str(folder), str(tmp_path / "out.pt")]) == 1
+    assert convert.main([str(folder), str(tmp_path / "out.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "nowhere" in err[0] and "activation_function" in err[1]
     assert not (tmp_path / "out.pt").exists()
