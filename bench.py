@@ -131,9 +131,10 @@ def profile_checkpoints(args):
                   compiled=args.compile, threads=torch.get_num_threads())
     draft = None
     if args.draft:
-        draft, draft_tokenizer, _ = load_model(cli.checkpoint_of(args, "draft"), kind="draft", device=device, dtype=dtype)
+        draft_path = cli.checkpoint_of(args, "draft")
+        draft, draft_tokenizer, _ = load_model(draft_path, kind="draft", device=device, dtype=dtype)
         draft_params = draft.num_params()
-        draft = cli.compiled(draft, args.draft, args, device, dtype, prepare=True)
+        draft = cli.compiled(draft, draft_path, args, device, dtype, prepare=True)
         draft_seconds = forward_seconds(draft, 1, profile_prefix(draft))
     curves, predictions = {}, {}
     for path in args.profile:
@@ -145,7 +146,7 @@ def profile_checkpoints(args):
         model = cli.compiled(target, path, args, device, dtype, prepare=True)
         block_size = model.config.block_size
         curves[label] = r, seconds = cost_curve(model, min(64, block_size // 2), profile_prefix(model))
-        if draft is not None and draft_tokenizer.spec == tokenizer.spec and draft_params < target.num_params():
+        if draft is not None and draft_tokenizer.spec == tokenizer.spec and draft_params < params:
             c = draft_seconds / seconds
             predictions[label] = dict(draft=os.path.basename(args.draft), c=c, best=[best_k(a, r, c) for a in ALPHAS])
         del target, model  # before the next one is loaded
@@ -283,8 +284,9 @@ def main(argv=None):
     if not 1 <= args.prompt_len <= block_size:
         raise cli.UserError(f"--prompt-len must be between 1 and the model's context of {block_size}")
 
-    draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if "draft" in methods else None
-    draft = cli.compiled(draft, cli.checkpoint_of(args, "draft"), args, device, dtype, prepare=True)
+    draft_path = cli.checkpoint_of(args, "draft")
+    draft = load_draft(draft_path, tokenizer, device, dtype) if "draft" in methods else None
+    draft = cli.compiled(draft, draft_path, args, device, dtype, prepare=True)
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), target, tokenizer, device, dtype) if "medusa" in methods else None
     proposers = build_rows(args, model, draft, heads, methods, cli.stored_costs(args, device, dtype))
     prefix = profile_prefix(model)

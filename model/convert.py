@@ -6,8 +6,8 @@ HF_DIR holds what `save_pretrained` writes: config.json, model.safetensors (or p
 and the tokenizer's vocab.json and merges.txt. Nothing is downloaded. The model is GPT-2 exactly
 (model/gpt.py keeps its parameter names), with two differences of storage: GPT-2 keeps its linear
 layers as Conv1D, whose weights are the transpose of nn.Linear's, and it may store its tied output
-projection or leave it out. The weights are memory-mapped from the file and written out one tensor
-at a time, so converting GPT-2 XL never holds two copies of it in memory.
+projection or leave it out. The weights are memory-mapped from the file; only the transposed Conv1D
+weights are copied before the checkpoint is written.
 """
 import json
 import mmap
@@ -84,9 +84,9 @@ def read_weights(hf_dir):
         raise CheckpointError(f"{path} cannot be read as weights only ({type(e).__name__})") from None
 
 
-def gpt_state_dict(hf_weights, config):
-    """Our state dict from GPT-2's tensors: prefix 'transformer.', Conv1D weights transposed, the
-    output projection tied to the token embedding."""
+def gpt_state_dict(hf_weights, model):
+    """Our state dict for `model` (on the meta device: names and shapes only) from GPT-2's tensors:
+    prefix 'transformer.', Conv1D weights transposed, the output projection tied to the embedding."""
     state = {}
     for name, tensor in hf_weights.items():
         name = name.removeprefix("transformer.")
@@ -98,8 +98,7 @@ def gpt_state_dict(hf_weights, config):
     if lm_head is not None and wte is not None and not torch.equal(lm_head, wte):
         raise CheckpointError("the checkpoint's lm_head is not tied to its token embedding, as GPT-2's is")
     state["lm_head.weight"] = wte
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in GPT(config).state_dict().items()}
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
     missing = [k for k in shapes if state.get(k) is None]
     unknown = [k for k in state if k not in shapes]
     wrong = [k for k in shapes if k not in missing and state[k].shape != shapes[k]]
@@ -124,10 +123,9 @@ def convert(hf_dir, out_path):
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
                               f"{config.vocab_size}")
-    state = gpt_state_dict(read_weights(hf_dir), config)
     with torch.device("meta"):
         model = GPT(config)
-    model.load_state_dict(state, assign=True)  # the mapped tensors themselves: no copy until saved
+    model.load_state_dict(gpt_state_dict(read_weights(hf_dir), model), assign=True)  # the mapped tensors themselves: no copy until saved
     save_checkpoint(out_path, model, tokenizer, kind="target", data=None,
                     source=dict(hf_dir=os.path.abspath(hf_dir)))
     return config, tokenizer
