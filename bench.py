@@ -5,6 +5,7 @@
     python bench.py --methods draft --k 2 4 auto --plot docs/
     python bench.py --methods lookahead --lookahead 5,3,5 7,4,7 --sized
     python bench.py --methods prompt-lookup --prompt-lookup 3,5,2 1,8,64
+    python bench.py --methods draft,medusa,eagle --k 4 --medusa-tree chain --eagle chain:4 tree:auto
     python bench.py --profile                 # the verify-pass cost curve r(n)
 
 Each method's setting flag is generate.py's, taking several settings: one row each. Rows run
@@ -14,10 +15,11 @@ run; a second plain row, last, shows how far apart two identical rows land (the 
 the speedup the cost model predicts from the measured tau:
 tau / (mean r(n) + d*c), with r(n) the target's verify-pass cost curve at each pass's size n
 (averaged over the passes, whose sizes vary for sized lookahead), d the draft forwards per target
-forward and c the draft's step cost (for k draft guesses: r(k+1) + k*c). Greedy rows also say on
-what share of the prompts they wrote exactly plain decoding's tokens: all of them in float64; in
-float32 and below a pass over several tokens rounds differently from single steps, and a near-tie
-can flip. A second table says where each row's rounds spent their time.
+forward and c the step cost of the draft model or of the EAGLE head (for k draft guesses:
+r(k+1) + k*c). Greedy rows also say on what share of the prompts they wrote exactly plain
+decoding's tokens: all of them in float64; in float32 and below a pass over several tokens rounds
+differently from single steps, and a near-tie can flip. A second table says where each row's
+rounds spent their time, a third how often candidates were accepted at each depth.
 """
 import json
 import os
@@ -30,10 +32,12 @@ from data import read_text, split_text
 from decode import Plain, generate
 from decode.cost import cost_curve, forward_seconds, profile_prefix
 from decode.draft import AUTO_K_MAX, predicted_speedup
+from decode.eagle import head_seconds
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from decode.speculative import PHASES
 from decode.stats import DecodeStats
 from model.checkpoint import load_model
+from model.eagle import load_eagle
 from model.medusa import load_medusa
 
 ROWS = {  # the settings benchmarked by default, one row each
@@ -42,9 +46,11 @@ ROWS = {  # the settings benchmarked by default, one row each
     "lookahead": ["2,2,2", "5,3,5", "7,4,7"],  # fixed sizes, besides the sized default
     "prompt-lookup": ["3,5,2"],
     "medusa": ["chain", "saved", "4", "8", "32"],
+    "eagle": ["chain:4", "chain:auto", "tree:8", "tree:16", "tree:auto"],
 }
 NOISE_ROW = "none again (noise)"
 ALPHAS = (0.6, 0.7, 0.8)  # acceptance rates at which --profile predicts a draft's speedup (it measures none)
+DEPTHS = 4  # depths at which each row's acceptance is reported
 
 
 def parse_args(argv=None):
@@ -229,7 +235,7 @@ def plot(rows, r, header, directory):
     plt.close(fig)
 
 
-def build_rows(args, model, draft, heads, methods, costs):
+def build_rows(args, model, draft, heads, eagle_head, methods, costs):
     """{row label: proposer}: plain decoding, each method's settings, plain decoding again. The
     rows that size themselves read the machine's costs as generate.py does (`costs`)."""
     proposers = {"none": Plain()}
@@ -244,7 +250,7 @@ def build_rows(args, model, draft, heads, methods, costs):
                     proposers[f"lookahead {setting} sized"] = make_proposer(method, setting, model, costs=costs)
             else:
                 label = f"{method} {setting}" + (f" ({len(heads[1]['tree'])})" if setting == "saved" else "")
-                proposers[label] = make_proposer(method, setting, model, draft, heads, costs=costs)
+                proposers[label] = make_proposer(method, setting, model, draft, heads, costs=costs, eagle_head=eagle_head)
         if method == "medusa":
             proposers["medusa saved typical (LOSSY)"] = make_proposer(method, "saved", model, heads=heads, typical=True)
     proposers[NOISE_ROW] = Plain()  # plain decoding again: how far two identical rows land apart here
@@ -288,12 +294,18 @@ def main(argv=None):
     draft = load_draft(draft_path, tokenizer, device, dtype) if "draft" in methods else None
     draft = cli.compiled(draft, draft_path, args, device, dtype, prepare=True)
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), target, tokenizer, device, dtype) if "medusa" in methods else None
-    proposers = build_rows(args, model, draft, heads, methods, cli.stored_costs(args, device, dtype))
+    eagle_head = (load_eagle(cli.checkpoint_of(args, "eagle"), target, tokenizer, device, dtype)[0]
+                  if "eagle" in methods else None)
+    proposers = build_rows(args, model, draft, heads, eagle_head, methods, cli.stored_costs(args, device, dtype))
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)
     cost = dict(r=cost_curve(model, max_pass, prefix)[0])
+    step = forward_seconds(model, 1, prefix) if draft is not None or eagle_head is not None else None
     if draft is not None:
-        cost["c"] = forward_seconds(draft, 1, profile_prefix(draft)) / forward_seconds(model, 1, prefix)
+        cost["c"] = forward_seconds(draft, 1, profile_prefix(draft)) / step
+    if eagle_head is not None:
+        cost["c_eagle"] = head_seconds(eagle_head, model.config.vocab_size, prefix) / step
+    step_cost = dict(draft=cost.get("c", 0.0), eagle=cost.get("c_eagle", 0.0))  # per draft forward, by method
 
     text = read_text(args.data or state.get("data"))
     prompts = held_out_prompts(tokenizer, text, args.num_prompts, args.prompt_len, args.seed)
@@ -302,13 +314,16 @@ def main(argv=None):
     base = totals["none"].tokens_per_s
     rows = []
     for label, s in totals.items():
-        predicted = s.tau / (s.pass_cost(cost["r"]) + cost.get("c", 0.0) * s.draft_forwards / s.target_forwards)
+        c = step_cost.get(label.split()[0], 0.0)
+        predicted = s.tau / (s.pass_cost(cost["r"]) + c * s.draft_forwards / s.target_forwards)
         # greedy: the share of prompts whose text is plain decoding's, token for token. Exact in
         # float64; in lower precision a pass of several tokens rounds differently from single steps
         same = sum(a == b for a, b in zip(outputs[label], outputs["none"])) / len(prompts) if sampling.greedy else None
         ms_per_round = {phase: 1e3 * s.phase_seconds[phase] / s.rounds for phase in PHASES}
         ms_per_round["other"] = 1e3 * s.seconds / s.rounds - sum(ms_per_round.values())  # slides, set-up
-        rows.append(dict(method=label, identical_to_plain=same, ms_per_round=ms_per_round, tau=s.tau, alpha=s.alpha, target_forwards=s.target_forwards,
+        by_depth = [s.acceptance_at(d) for d in range(1, DEPTHS + 1)]
+        rows.append(dict(method=label, identical_to_plain=same, ms_per_round=ms_per_round, tau=s.tau, alpha=s.alpha,
+                         acceptance_by_depth=by_depth, target_forwards=s.target_forwards,
                          draft_forwards=s.draft_forwards, mean_pass=s.mean_pass, tokens_per_s=s.tokens_per_s,
                          speedup=s.tokens_per_s / base, predicted_speedup=predicted, new_tokens=s.new_tokens))
     if args.plot:
@@ -322,6 +337,7 @@ def main(argv=None):
     print(f"# {args.num_prompts} held-out prompts x {args.prompt_len} tokens, {args.max_new_tokens} new tokens each, "
           f"{header['sampling']}")
     print("# cost model: " + (f"draft step c = {cost['c']:.3f} target steps; " if "c" in cost else "")
+          + (f"EAGLE head forward c = {cost['c_eagle']:.3f}; " if "c_eagle" in cost else "")
           + f"r(2..{len(cost['r'])}) = " + " ".join(f"{r:.2f}" for r in cost["r"][1:]))
     width = max(28, max(map(len, totals)) + 2)
     print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'target fw':>11}{'draft fw':>10}{'pass':>6}{'tokens/s':>10}"
@@ -336,6 +352,13 @@ def main(argv=None):
     for r in rows:
         ms = r["ms_per_round"]
         print(f"{r['method']:<{width}}" + "".join(f"{ms[p]:>9.3f}" for p in phases) + f"{sum(ms.values()):>9.3f}")
+    deep = [r for r in rows if any(a is not None for a in r["acceptance_by_depth"][1:])]
+    if deep:  # a chain's row is its guesses' acceptance at each depth, given the ones before it held
+        print(f"\nacceptance at depth d, given the path held to d-1\n{'method':<{width}}"
+              + "".join(f"{d:>7}" for d in range(1, DEPTHS + 1)))
+        for r in deep:
+            print(f"{r['method']:<{width}}" + "".join("      -" if a is None else f"{a:>7.2f}"
+                                                       for a in r["acceptance_by_depth"]))
     return 0
 
 

@@ -18,7 +18,7 @@ from model.tokenizer import TokenizerError
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_NEW_TOKENS = 100_000  # beyond this a typo is likelier than intent
 TRAIN_COMMAND = {"target": "python train.py", "draft": "python train.py --what draft",
-                 "medusa": "python train.py --what medusa"}
+                 "medusa": "python train.py --what medusa", "eagle": "python train.py --what eagle"}
 
 
 class UserError(Exception):
@@ -52,7 +52,8 @@ def add_checkpoint_args(parser, draft=True):
     """--out-dir for the checkpoints train.py writes, and --target (and --draft) for one kept
     elsewhere, such as a GPT-2 imported by model/convert.py."""
     parser.add_argument("--out-dir", default="out",
-                        help="directory of the trained checkpoints: target.pt, draft.pt, medusa.pt (default: out)")
+                        help="directory of the trained checkpoints: target.pt, draft.pt, medusa.pt, eagle.pt "
+                             "(default: out)")
     parser.add_argument("--target", metavar="PATH",
                         help="target checkpoint (default: OUT_DIR/target.pt), e.g. a GPT-2 imported with "
                              "python -m model.convert")
@@ -64,7 +65,7 @@ def add_checkpoint_args(parser, draft=True):
 
 def checkpoint_of(args, kind):
     """The checkpoint file of `kind` the flags name: --target or --draft if given, else OUT_DIR's."""
-    path = getattr(args, kind, None)
+    path = getattr(args, kind, None) if kind in ("target", "draft") else None  # --eagle is a setting
     if path is None:
         return checkpoint_path(args.out_dir, kind)
     if not os.path.isfile(path):

@@ -5,6 +5,7 @@
     python generate.py --spec lookahead --compare
     python generate.py --spec draft --k auto --compare --show
     python generate.py --spec medusa --medusa-tree 16 --compare
+    python generate.py --spec eagle --eagle chain:4 --compare --show
     python generate.py --target gpt2-medium.pt --spec draft --draft gpt2.pt --prompt "Hello"
 
 An empty prompt starts from a newline, the way a play's text starts a new line.
@@ -17,6 +18,7 @@ import torch
 import cli
 from decode import Plain, generate
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
+from model.eagle import load_eagle
 from model.medusa import load_medusa
 
 EMPTY_PROMPT = "\n"
@@ -71,11 +73,12 @@ def main(argv=None):
 
     draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), model, tokenizer, device, dtype) if args.spec == "medusa" else None
+    eagle_head = load_eagle(cli.checkpoint_of(args, "eagle"), model, tokenizer, device, dtype)[0] if args.spec == "eagle" else None
     model = cli.compiled(model, cli.checkpoint_of(args, "target"), args, device, dtype)
     draft = cli.compiled(draft, cli.checkpoint_of(args, "draft"), args, device, dtype)
     proposer = make_proposer(args.spec, setting, model, draft, heads,
                              sizing=args.sizing, pool_from_prompt=args.pool_from_prompt, typical=args.typical,
-                             costs=costs)
+                             costs=costs, eagle_head=eagle_head)
 
     if args.compare:  # a first call pays for allocation and cold caches: neither timed run should
         for warm_up in (proposer, Plain()):

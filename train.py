@@ -1,7 +1,7 @@
-"""Train the SpecGPT target model, its draft model and its Medusa heads on a text file (tiny
-Shakespeare by default), all three with one training loop (`fit`).
+"""Train the SpecGPT target model, its draft model, its Medusa heads and its EAGLE head on a text
+file (tiny Shakespeare by default), all with one training loop (`fit`).
 
-    python train.py                      # target (preset picked by device: cpu or gpu), draft, heads
+    python train.py                      # target (preset picked by device: cpu or gpu), draft, heads, EAGLE
     python train.py --what draft         # only the draft, with the tokenizer of out/target.pt
     python train.py --what medusa --target gpt2.pt   # heads for an imported GPT-2 (model/convert.py)
     python train.py --preset tiny --max-iters 50 --out-dir out-tiny
@@ -18,6 +18,10 @@ Medusa-2 (--medusa-joint) trains target and heads together on L_LM + 0.2 L_heads
 predictions; the new target is saved beside the heads (medusa-target.pt). At every evaluation each
 head's top-1..top-10 accuracy is measured on val; they choose the tree saved with the heads
 (decode.medusa.build_tree).
+
+The EAGLE head (model/eagle.py) also trains on the frozen target, on its features and its
+distributions; at the evaluation its top-1 agreement with the target at draft depths 1..4 is
+measured on val and saved with it.
 """
 import math
 import os
@@ -32,6 +36,8 @@ from data import TokenData, read_text, split_text
 from decode.medusa import DEFAULT_TREE_SIZE, build_tree, expected_length
 from model.checkpoint import checkpoint_path, load_checkpoint, load_model, save_checkpoint
 from model.gpt import GPT, GPTConfig, PRESETS
+from model.eagle import EagleHead, eagle_loss, eagle_losses, save_eagle
+from model.kv_cache import KVCache
 from model.medusa import MedusaConfig, MedusaHeads, head_losses, heads_loss, save_medusa
 from model.tokenizer import Tokenizer
 
@@ -50,6 +56,8 @@ TRAIN_PRESETS = {
 # after 400 iterations); one evaluation, at the end, which also measures the accuracies.
 HEADS_TRAINING = dict(batch_size=16, max_iters=1000, learning_rate=3e-3, warmup_iters=50,
                       eval_interval=1000, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
+EAGLE_TRAINING = dict(batch_size=16, max_iters=1000, learning_rate=3e-3, warmup_iters=50,
+                      eval_interval=500, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
 LAMBDA0 = 0.2             # Medusa-2: weight of the heads' loss next to the target's own
 BACKBONE_LR_SCALE = 0.25  # Medusa-2: the target learns 4x slower than the heads
 TOP = 10                  # accuracies are measured for each head's 10 likeliest tokens
@@ -58,8 +66,9 @@ DEFAULT_VOCAB_SIZE = 512
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--what", choices=["all", "target", "draft", "medusa"], default="all",
-                   help="which model to train (default all: the target, then the draft, then Medusa heads)")
+    p.add_argument("--what", choices=["all", "target", "draft", "medusa", "eagle"], default="all",
+                   help="which model to train (default all: the target, then the draft, the Medusa heads and "
+                        "the EAGLE head)")
     p.add_argument("--data", default=None, help="UTF-8 text file (default: tiny Shakespeare, downloaded to data/)")
     cli.add_checkpoint_args(p, draft=False)
     p.add_argument("--preset", default=None, help=f"model and optimiser preset: {', '.join(PRESETS)} "
@@ -318,6 +327,92 @@ def train_heads(target, tokenizer, train, val, out_path, opt, n_heads=4, tied=Fa
     return accuracies
 
 
+EAGLE_DEPTHS = 4  # draft depths at which the head's agreement with the target is measured
+
+
+@torch.no_grad()
+def evaluate_eagle(target, head, val, batch_size, block_size, eval_iters, device):
+    """(feature loss, token loss, accuracies) over eval_iters fixed val batches. accuracies[d-1]:
+    how often the head's top-1 at draft depth d equals the target's top-1 there. Depth 1 reads the
+    target's real features; depth d > 1, as in drafting, its own predicted feature from depth d-1
+    (with the text's token), attending to the real pairs up to where drafting started and to its
+    own earlier drafts."""
+    was_training = head.training
+    head.eval()
+    gen = torch.Generator().manual_seed(0)
+    losses, hits, counts = torch.zeros(2), torch.zeros(EAGLE_DEPTHS), torch.zeros(EAGLE_DEPTHS)
+    for _ in range(eval_iters):
+        x, _ = val.batch(batch_size, block_size, gen, device)
+        logits, features = target(x, return_hidden=True)  # (B, T, V), (B, T, C)
+        losses += torch.tensor([loss.item() for loss in eagle_losses(head, features, logits, x)])
+        best = logits.argmax(-1)  # (B, T): the target's token after each position
+        B, T, C = features.shape
+        n = T - 1  # drafts start after every position t < T-1, at the pair (f_t, x_{t+1})
+        cache = KVCache(1, B, head.config.n_head, C // head.config.n_head, n * (EAGLE_DEPTHS + 1),
+                        dtype=features.dtype, device=device)
+        predicted, head_logits = head(features[:, :-1], x[:, 1:], cache)  # depth 1, over the real pairs
+        cache.commit()
+        for d in range(1, EAGLE_DEPTHS + 1):
+            valid = n - d + 1  # row t guesses the token at t+d+1, which the target predicts at t+d
+            hits[d - 1] += (head_logits[:, :valid].argmax(-1) == best[:, d:d + valid]).sum().item()
+            counts[d - 1] += B * valid
+            if d == EAGLE_DEPTHS or valid <= 1:
+                break
+            # depth d+1: row t reads (its depth-d feature, x_{t+d+1}); it sees the real pairs 0..t
+            # and its own drafts at depths 2..d+1
+            tokens = torch.cat([x[:, d + 1:], x.new_zeros(B, d)], 1)  # (B, n); the tail rows go unscored
+            rows = torch.arange(n, device=device)
+            mask = torch.zeros(n, cache.length + n, dtype=torch.bool, device=device)
+            mask[:, :n] = rows[None, :] <= rows[:, None]
+            for depth_slot in range(1, d + 1):
+                mask[rows, depth_slot * n + rows] = True
+            predicted, head_logits = head(predicted, tokens, cache, mask)
+            cache.commit()
+    head.train(was_training)
+    return *(losses / eval_iters).tolist(), (hits / counts.clamp_min(1)).tolist()
+
+
+def train_eagle(target, tokenizer, train, val, out_path, opt, device="cpu", seed=1337, log=say, log_interval=100):
+    """Train an EAGLE head on the frozen `target` (already on `device`) and save it to out_path with
+    its val accuracies at draft depths 1..EAGLE_DEPTHS. Returns the accuracies."""
+    block_size = target.config.block_size
+    train.check_fits(block_size)
+    val.check_fits(block_size)
+    torch.manual_seed(seed)
+    head = EagleHead(target)
+    target.requires_grad_(False)
+    target.eval()
+    optimizer = make_optimizer(head, opt)
+    log(f"eagle: one {target.config.n_embd}-wide block on the frozen target's features, "
+        f"{sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
+        f"{opt['max_iters']} iterations of {opt['batch_size']} x {block_size} tokens")
+    noise = torch.Generator(device).manual_seed(seed)
+
+    def step_loss(x, y):
+        with torch.no_grad():
+            logits, features = target(x, return_hidden=True)
+        return eagle_loss(*eagle_losses(head, features, logits, x, noise))
+
+    history, result = [], {}
+
+    def evaluate_and_save(it, seconds):
+        feature_loss, token_loss, accuracies = evaluate_eagle(target, head, val, opt["batch_size"], block_size,
+                                                              opt["eval_iters"], device)
+        history.append(dict(iter=it, seconds=seconds, val_loss=eagle_loss(feature_loss, token_loss)))
+        log(f"eval {it}: val feature loss {feature_loss:.4f}, token loss {token_loss:.4f}, top-1 agreement "
+            f"with the target at depth 1..{EAGLE_DEPTHS}: " + " ".join(f"{a:.3f}" for a in accuracies)
+            + f" ({format_duration(seconds)})")
+        save_eagle(out_path, head, target, tokenizer, accuracies=accuracies, feature_loss=feature_loss,
+                   token_loss=token_loss, seconds=seconds, history=history, train_settings=dict(opt, seed=seed))
+        result.update(accuracies=accuracies)
+
+    head.train()
+    fit(step_loss, optimizer, opt, train, block_size, device, torch.Generator().manual_seed(seed),
+        evaluate_and_save, history, log_interval=log_interval, log=log)
+    log(f"saved {out_path}")
+    return result["accuracies"]
+
+
 def main(argv=None):
     args = parse_args(argv)
     device = cli.resolve_device(args.device)
@@ -326,29 +421,34 @@ def main(argv=None):
         raise UserError(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
     if args.tokenizer == "bpe" and args.vocab_size < 256:
         raise UserError(f"--vocab-size must be at least 256 (one token per byte), got {args.vocab_size}")
-    if args.target is not None and args.what not in ("draft", "medusa"):
-        raise UserError("--target names the model that --what draft or --what medusa trains for")
+    if args.target is not None and args.what not in ("draft", "medusa", "eagle"):
+        raise UserError("--target names the model that --what draft, medusa or eagle trains for")
     text = read_text(args.data)
-    for kind in (["target", "draft", "medusa"] if args.what == "all" else [args.what]):
-        if kind == "medusa":
-            train_medusa(args, text, device, dtype)
+    for kind in (["target", "draft", "medusa", "eagle"] if args.what == "all" else [args.what]):
+        if kind in ("medusa", "eagle"):
+            train_on_target(kind, args, text, device, dtype)
         else:
             train_model(kind, args, text, device, dtype)
     return 0
 
 
-def train_medusa(args, text, device, dtype):
-    """Train OUT_DIR/medusa.pt on the frozen target (OUT_DIR/target.pt or --target), or jointly with it."""
-    out_path = checkpoint_path(args.out_dir, "medusa")
+def train_on_target(kind, args, text, device, dtype):
+    """Train OUT_DIR/medusa.pt or OUT_DIR/eagle.pt on the frozen target (OUT_DIR/target.pt or
+    --target); Medusa heads also jointly with it."""
+    out_path = checkpoint_path(args.out_dir, kind)
     if os.path.exists(out_path) and not args.resume:
         raise UserError(f"{out_path} exists: remove it or use another --out-dir")
     if os.path.exists(out_path):
-        print(f"{out_path} exists; Medusa heads are trained in one go, so there is nothing to resume")
+        print(f"{out_path} exists; {kind} heads are trained in one go, so there is nothing to resume")
         return
     target, tokenizer, _ = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)
     train_text, val_text = split_text(text)
     train = TokenData(tokenizer.encode(train_text), len(train_text), "train")
     val = TokenData(tokenizer.encode(val_text), len(val_text), "val")
+    if kind == "eagle":
+        train_eagle(target, tokenizer, train, val, out_path, override(EAGLE_TRAINING, args), device=device,
+                    seed=args.seed, log_interval=args.log_interval)
+        return
     train_heads(target, tokenizer, train, val, out_path, override(HEADS_TRAINING, args), n_heads=args.medusa_heads,
                 tied=args.medusa_tied, joint=args.medusa_joint, tree_size=args.tree_size, device=device,
                 seed=args.seed, log_interval=args.log_interval)

@@ -2,6 +2,7 @@
 loop, decode.speculative.generate; plain decoding is the proposer that proposes nothing.
 decode.methods builds any of them by name from its setting."""
 from decode.draft import DraftModel
+from decode.eagle import Eagle
 from decode.jacobi import Jacobi
 from decode.lookahead import Lookahead
 from decode.medusa import Medusa
@@ -10,4 +11,4 @@ from decode.prompt_lookup import PromptLookup
 from decode.proposer import Proposer
 from decode.speculative import generate
 
-__all__ = ["DraftModel", "Jacobi", "Lookahead", "Medusa", "Plain", "PromptLookup", "Proposer", "generate"]
+__all__ = ["DraftModel", "Eagle", "Jacobi", "Lookahead", "Medusa", "Plain", "PromptLookup", "Proposer", "generate"]

@@ -44,13 +44,24 @@ def _time_pass(model, cache, idx, prefix, tree=False):
     return time.perf_counter() - t0
 
 
+def median_seconds(run, device, repeats=7):
+    """Median wall time of run() over `repeats` calls, after one that warms up."""
+    samples = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        run()
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples[1:])
+
+
 @torch.inference_mode()
 def forward_seconds(model, n, prefix, repeats=7, generator=None):
     """Median wall time of one forward with n new tokens after `prefix` cached tokens."""
     cache = _prefilled_cache(model, prefix, n, generator)
     idx = torch.randint(model.config.vocab_size, (1, n), generator=generator).to(cache.k.device)
-    samples = [_time_pass(model, cache, idx, prefix) for _ in range(repeats + 1)]  # the first warms up
-    return statistics.median(samples[1:])
+    return median_seconds(lambda: _time_pass(model, cache, idx, prefix), cache.k.device, repeats)
 
 
 @torch.inference_mode()

@@ -133,8 +133,10 @@ class Medusa(Proposer):
         return Candidates([ranked[len(p) - 1][p[-1]] for p in self.paths[:n]], self.parents[:n])
 
     def update(self, tokens, verdict, logits, hidden):
-        """hidden: (1+n, C) at [root, candidates...] of the verify pass just run."""
-        self.hidden = hidden[verdict.path[-1] if verdict.path else 0]  # the row that predicted tokens[-1]
+        """hidden: (tail + n, C) at [tail..., candidates...] of the verify pass just run, the tail
+        ending with the root."""
+        root = len(hidden) - len(logits)
+        self.hidden = hidden[root + (verdict.path[-1] if verdict.path else 0)]  # the row that predicted tokens[-1]
 
     def _verify_typical(self, logits, candidates, sampling, generator):
         return verify_typical(token_probs(logits, sampling), candidates, *self.typical, generator)

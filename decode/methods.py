@@ -8,13 +8,14 @@ commands build a proposer from. The defaults are defined in each method's own mo
     lookahead      W,N,G                        2,2,2 (sized to the machine)
     prompt-lookup  L,P,M                        3,5,2
     medusa         saved, chain or a tree size  saved
+    eagle          chain:K|auto, tree:N|auto    tree:auto
 
 A setting is written the way the command line takes it (`--lookahead 5,3,5`), so that a benchmark
 row and a generation with the same words build the same proposer.
 """
 from dataclasses import dataclass
 
-from decode import draft, jacobi, lookahead, medusa, prompt_lookup
+from decode import draft, eagle, jacobi, lookahead, medusa, prompt_lookup
 from decode.cost import StoredCosts
 from decode.plain import Plain
 from model.checkpoint import CheckpointError, load_model
@@ -33,7 +34,7 @@ class Method:
     flag: str | None       # the command-line flag that carries the setting
     metavar: str
     default: str | None
-    needs: str | None      # the checkpoint it needs besides the target's: "draft" or "medusa"
+    needs: str | None      # the checkpoint it needs besides the target's: "draft", "medusa" or "eagle"
     help: str
 
 
@@ -57,6 +58,9 @@ METHODS = {m.name: m for m in [
     Method("medusa", "--medusa-tree", "saved|chain|N", medusa.DEFAULT_TREE, "medusa",
            "medusa: the tree saved with the heads, the top-1 of each head as a chain, or a tree of N "
            "candidates built from the heads' measured accuracies"),
+    Method("eagle", "--eagle", "chain:K|tree:N", eagle.DEFAULT, "eagle",
+           "eagle: a chain of K guesses or a dynamic tree of N nodes per round, or either sized each round "
+           "(chain:auto, tree:auto) from the measured costs and the head's confidence"),
 ]}
 
 
@@ -96,16 +100,21 @@ def parse_setting(method, setting):
             raise SettingError(f"--medusa-tree takes saved, chain or a tree size from 1 to {MAX_TREE_SIZE}, "
                                f"got {setting!r}")
         return int(setting)
+    if method == "eagle":
+        try:
+            return eagle.parse_shape(setting)
+        except ValueError as e:
+            raise SettingError(f"--eagle {e}") from None
     if method != "none":
         raise SettingError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
     return None
 
 
 def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=lookahead.SIZING,
-                  pool_from_prompt=False, typical=False, costs=None):
+                  pool_from_prompt=False, typical=False, costs=None, eagle_head=None):
     """The proposer of `method` with `setting` (parse_setting's input; None = the default).
     draft_model: the draft GPT, for "draft"; heads: (MedusaHeads, their checkpoint dict), for
-    "medusa". sizing and pool_from_prompt are lookahead's options, typical Medusa's. costs: the
+    "medusa"; eagle_head: the EagleHead, for "eagle". sizing and pool_from_prompt are lookahead's options, typical Medusa's. costs: the
     StoredCosts that the methods which size themselves to the machine read their costs from (by
     default they are measured now)."""
     value = parse_setting(method, METHODS[method].default if setting is None else setting)
@@ -125,6 +134,10 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
         return lookahead.Lookahead(*value, pool_from_prompt=pool_from_prompt, cost=cost)
     if method == "prompt-lookup":
         return prompt_lookup.PromptLookup(*value)
+    if method == "eagle":
+        shape, size = value
+        measured = costs.get("eagle", lambda: eagle.measured_costs(target, eagle_head)) if size == "auto" else None
+        return eagle.Eagle(eagle_head, shape, size, costs=measured)
     module, state = heads
     if value == "saved":
         paths = state["tree"]

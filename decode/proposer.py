@@ -11,9 +11,11 @@ output token, which is why no method can change what the model says.
                                          max_depth deep (the room left in the context window)
     update(tokens, verdict, logits, hidden)
                                          the round's outcome: tokens now ends with the accepted path
-                                         and the target's next token; logits and hidden hold the
-                                         pass's outputs and final hidden states (B=1 removed) at
-                                         [root, candidates..., side...]
+                                         and the target's next token; logits holds the pass's
+                                         outputs (B=1 removed) at [root, candidates..., side...],
+                                         hidden its final hidden states at every row: the tail of
+                                         accepted tokens it cached (ending with the root), then
+                                         the candidates and the side branch
 
     max_candidates   the most tokens a proposal adds to a pass besides the root (sizes the cache's
                      scratch space)

@@ -7,8 +7,8 @@ Each round:
      token) and all candidates, under the tree mask, positions = prefix length + depth;
   3. the shared verifier picks the accepted path and the target's next token;
   4. the cache commits the root and that path; everything else in the pass is dropped;
-  5. the method updates its own state (a draft model rolls its cache back; Medusa heads read the
-     target's final hidden states of this pass).
+  5. the method updates its own state (a draft model rolls its cache back; Medusa and EAGLE heads
+     read the target's final hidden states of this pass).
 Plain decoding is the degenerate case: no candidates, one new token per target forward.
 
 Past the context window the cache slides (decode/window.py): when the root would no longer fit,
@@ -70,8 +70,9 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
             pos = torch.tensor(list(range(cache.length, root_pos + 1)) + [root_pos + o for o in offsets],
                                device=device)
         logits, hidden = model(idx, cache, pos=pos, mask=mask, return_hidden=True)
-        # rows [root, candidates..., side...]; the verifier reads the root's and the candidates'
-        logits, hidden = logits[0, len(tail) - 1:], hidden[0, len(tail) - 1:]
+        # logits at [root, candidates..., side...], which the verifier reads; hidden states of every
+        # row, for a proposer that reads the features of the tokens the cache is about to keep
+        logits, hidden = logits[0, len(tail) - 1:], hidden[0]
         judged = logits[:1 + len(candidates)]
         stats.target_forwards += 1
         stats.pass_sizes[len(logits)] += 1
@@ -94,6 +95,9 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
                 on_token(token, source)
         stats.judged += verdict.judged
         stats.accepted += len(verdict.path)
+        if candidates:
+            stats.record_depths(len(candidates) if candidates.is_chain() else max(candidates.depths()),
+                                len(verdict.path))
         t4 = clock()
         proposer.update(tokens, verdict, logits, hidden)
         t5 = clock()

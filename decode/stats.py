@@ -12,6 +12,10 @@ class DecodeStats:
     draft_forwards: int = 0
     judged: int = 0           # candidates the verifier accepted or rejected
     accepted: int = 0         # of those, the ones it kept
+    # rounds whose candidates were judged at depth d (the path reached depth d-1 and went on to
+    # depth d), and those whose accepted path reached depth d
+    depth_judged: Counter = field(default_factory=Counter)
+    depth_accepted: Counter = field(default_factory=Counter)
     seconds: float = 0.0
     # where the time of the rounds went: "propose", "pass" (inputs built and the target's forward),
     # "verify", "commit" (the cache, the token list, streaming) and "update" (the method's own)
@@ -26,6 +30,18 @@ class DecodeStats:
     def alpha(self):
         """Acceptance rate of the candidates judged; None for a method that proposes nothing."""
         return self.accepted / self.judged if self.judged else None
+
+    def record_depths(self, offered, accepted):
+        """One round: candidates `offered` deep, of which a path of `accepted` was kept."""
+        for d in range(1, min(offered, accepted + 1) + 1):
+            self.depth_judged[d] += 1
+            self.depth_accepted[d] += d <= accepted
+
+    def acceptance_at(self, depth):
+        """P(a candidate at `depth` is accepted | the path was accepted up to it and went deeper):
+        for a chain, the acceptance of its depth-th guess; None if never judged there."""
+        judged = self.depth_judged[depth]
+        return self.depth_accepted[depth] / judged if judged else None
 
     def _mean_over_passes(self, value):
         """The mean of value(n) over the passes, n being a pass's size."""

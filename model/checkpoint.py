@@ -4,6 +4,8 @@ A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so t
 never unpickles code. A crash halfway through a save leaves the previous file untouched: the new
 one is written beside it and renamed over it only once complete.
 """
+import hashlib
+import json
 import os
 import pickle
 import zipfile
@@ -19,7 +21,7 @@ FORMAT = "specgpt-1"
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, or not the one asked for. `retrain` names the kind
-    of model ("target", "draft", "medusa") whose training would make a good one, when that helps."""
+    of model ("target", "draft", "medusa", "eagle") whose training would make a good one, when that helps."""
 
     def __init__(self, message, retrain=None):
         super().__init__(message)
@@ -27,7 +29,7 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_path(out_dir, kind):
-    """Where a training run keeps its model of `kind`: OUT_DIR/target.pt, draft.pt, medusa.pt."""
+    """Where a training run keeps its model of `kind`: OUT_DIR/target.pt, draft.pt, medusa.pt, eagle.pt."""
     return os.path.join(out_dir, f"{kind}.pt")
 
 
@@ -77,3 +79,33 @@ def load_model(path, kind="target", device="cpu", dtype=torch.float32):
     except TokenizerError as e:
         raise CheckpointError(f"{path}: {e}") from None
     return model, tokenizer, state
+
+
+# Medusa heads and EAGLE heads only make sense with the target they were trained on: their file
+# records the target's fingerprint, and loading refuses any other target. Weights are hashed at
+# float32 (exact for float32 and float64 targets) and at each half precision, as a target loaded in
+# bf16/fp16 has lost the bits a float32 hash would need.
+FINGERPRINT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def target_fingerprint(model, tokenizer, dtype=torch.float32):
+    """A short hash of the target's weights (cast to `dtype`, in name order) and tokenizer spec."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        t = tensor.detach().to(dtype).cpu()
+        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())  # numpy has no bf16
+    h.update(json.dumps(tokenizer.spec, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def target_fingerprints(model, tokenizer):
+    """{dtype name: fingerprint} for each dtype the target may be loaded in: what a heads file keeps."""
+    return {str(d): target_fingerprint(model, tokenizer, d) for d in FINGERPRINT_DTYPES}
+
+
+def belongs_to(state, model, tokenizer):
+    """Whether the heads checkpoint `state` was trained on this target, as it is loaded now."""
+    dtype = model.lm_head.weight.dtype
+    key = dtype if dtype in FINGERPRINT_DTYPES[1:] else torch.float32  # float64 casts back exactly
+    return state.get("target", {}).get(str(key)) == target_fingerprint(model, tokenizer, key)

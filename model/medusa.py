@@ -14,15 +14,13 @@ nothing to train but the K residual blocks).
 A heads file only makes sense with the target it was trained on, so it records the target's
 fingerprint and `load_medusa` refuses any other target.
 """
-import hashlib
-import json
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from model.checkpoint import CheckpointError, belongs_to, load_checkpoint, save_checkpoint, target_fingerprints
 
 
 @dataclass(frozen=True)
@@ -113,41 +111,16 @@ def heads_loss(losses):
     return sum(HEAD_DECAY ** i * ce for i, ce in enumerate(losses))
 
 
-# Weights are hashed at float32 (exact for float32 and float64 targets) and at each half precision,
-# as a target loaded in bf16/fp16 has lost the bits a float32 hash would need.
-FINGERPRINT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def target_fingerprint(model, tokenizer, dtype=torch.float32):
-    """A short hash of the target's weights (cast to `dtype`, in name order) and tokenizer spec."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        t = tensor.detach().to(dtype).cpu()
-        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())  # numpy has no bf16
-    h.update(json.dumps(tokenizer.spec, sort_keys=True).encode())
-    return h.hexdigest()[:16]
-
-
-def _fingerprint_as_loaded(model, tokenizer):
-    """The fingerprint of a target as it is now, under the dtype key it was stored with."""
-    dtype = model.lm_head.weight.dtype
-    key = dtype if dtype in FINGERPRINT_DTYPES[1:] else torch.float32  # float64 casts back exactly
-    return str(key), target_fingerprint(model, tokenizer, key)
-
-
 def save_medusa(path, heads, target_model, tokenizer, **extra):
     """Write the heads atomically, with the target's fingerprint (and `extra`: accuracies, tree, ...)."""
-    fingerprints = {str(d): target_fingerprint(target_model, tokenizer, d) for d in FINGERPRINT_DTYPES}
-    save_checkpoint(path, heads, tokenizer, kind="medusa", target=fingerprints, **extra)
+    save_checkpoint(path, heads, tokenizer, kind="medusa", target=target_fingerprints(target_model, tokenizer), **extra)
 
 
 def load_medusa(path, target_model, tokenizer, device="cpu", dtype=torch.float32):
     """(heads in eval mode, raw checkpoint dict) for `target_model`, whose file must be the one the
     heads were trained on. The dict also holds the measured 'accuracies' and the chosen 'tree'."""
     state = load_checkpoint(path, kind="medusa")
-    key, fingerprint = _fingerprint_as_loaded(target_model, tokenizer)
-    if state["target"].get(key) != fingerprint:
+    if not belongs_to(state, target_model, tokenizer):
         if state.get("train_settings", {}).get("joint"):
             raise CheckpointError(f"{path} holds Medusa-2 heads, which belong to the target trained with them, "
                                   f"saved beside them as medusa-target.pt: decode from a directory holding that "

@@ -129,7 +129,7 @@ def test_paths_become_the_heads_ranked_tokens():
     proposer = Medusa(FixedHeads(), [(0, 0, 0), (0,), (0, 1), (1,), (0, 0)])  # any order: it sorts them
     proposer.start([1])
     assert proposer.propose([1], 5, Sampling(), None) is None  # no verify pass yet, no hidden state
-    proposer.update([1, 4], decode.verify.Verdict([], 4, 0, False), None, torch.zeros(1, 8))
+    proposer.update([1, 4], decode.verify.Verdict([], 4, 0, False), torch.zeros(1, 16), torch.zeros(1, 8))
     candidates = proposer.propose([1, 4], 5, Sampling(), None)
     assert (candidates.tokens, candidates.parents) == ([7, 3, 5, 9, 2], [-1, -1, 0, 0, 2])
     assert candidates.draft_probs is None  # deterministic guesses
@@ -137,7 +137,7 @@ def test_paths_become_the_heads_ranked_tokens():
     assert (shallow.tokens, shallow.parents) == ([7, 3, 5, 9], [-1, -1, 0, 0])
     chain = Medusa(FixedHeads(), "chain")
     chain.start([1])
-    chain.update([1, 4], decode.verify.Verdict([], 4, 0, False), None, torch.zeros(1, 8))
+    chain.update([1, 4], decode.verify.Verdict([], 4, 0, False), torch.zeros(1, 16), torch.zeros(1, 8))
     assert chain.propose([1, 4], 5, Sampling(), None).tokens == [7, 5, 2]
 
 

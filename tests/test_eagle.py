@@ -1,0 +1,200 @@
+"""EAGLE: the head, its training and file, the proposer (chain and dynamic tree) in the shared loop.
+
+Greedy EAGLE is token-identical to plain greedy across the context slide, with the target's cache
+and the head's own both equal to fresh prefills after every round; sampling through it keeps the
+target's distribution exactly (toy bigram models, with the wrong-verifier control).
+"""
+import copy
+
+import pytest
+import torch
+
+import decode.verify
+from decode.eagle import Eagle, parse_shape
+from decode.sampling import Sampling
+from decode.speculative import generate
+from model.checkpoint import CheckpointError
+from model.eagle import EagleHead, load_eagle, save_eagle
+from model.kv_cache import KVCache
+from model.tokenizer import Tokenizer
+from tests.conftest import assert_matches_prefill, tiny_model
+from tests.test_medusa import sampled_corpus
+from tests.test_speculative import DRAFT_TABLE, PROMPTS, RecordingTarget, sampled_fit
+from train import EAGLE_TRAINING, evaluate_eagle, train_eagle
+
+TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
+TOKENIZER = Tokenizer({"kind": "bpe", "merges": []})
+COSTS = ([1.0 + 0.1 * n for n in range(32)], 0.1)  # (r, c) for the sized settings: cheap passes, a cheap head
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(head, its val accuracies, untrained accuracies): a head trained briefly on text the target
+    writes itself, right often but not always."""
+    corpus, val = sampled_corpus(TARGET), sampled_corpus(TARGET, seed=1)
+    untrained = evaluate_eagle(TARGET, EagleHead(TARGET), val, 8, 32, 2, "cpu")
+    opt = dict(EAGLE_TRAINING, max_iters=150, batch_size=8, min_lr=3e-4, warmup_iters=5, eval_interval=150,
+               eval_iters=2)
+    path = tmp_path_factory.mktemp("eagle") / "eagle.pt"
+    accuracies = train_eagle(TARGET, TOKENIZER, corpus, val, path, opt, log=lambda *args: None)
+    head, state = load_eagle(path, TARGET, TOKENIZER, dtype=torch.float64)
+    return head, state, untrained
+
+
+# ---- the head, its training and its file -----------------------------------------------------------
+
+def test_the_head_reads_features_and_tokens_through_the_targets_own_embedding_and_lm_head():
+    head = EagleHead(TARGET)
+    assert all(name.startswith(("fuse.", "block.")) for name in head.state_dict())  # the target's stay its own
+    logits, features = TARGET(torch.tensor([[1, 2, 3, 4]]), return_hidden=True)
+    predicted, head_logits = head(features, torch.tensor([[2, 3, 4, 5]]))
+    assert predicted.shape == features.shape and head_logits.shape == logits.shape
+    torch.testing.assert_close(head_logits, TARGET.lm_head(predicted))
+
+
+def test_training_lowers_the_losses_and_saves_the_accuracies(trained):
+    head, state, untrained = trained
+    assert state["feature_loss"] < untrained[0] and state["token_loss"] < untrained[1]
+    accuracies = state["accuracies"]
+    assert len(accuracies) == 4 and accuracies[0] > untrained[2][0] and accuracies[0] > 0.3
+    assert not any(p.requires_grad for p in TARGET.parameters())  # the target stays frozen
+
+
+def test_the_head_refuses_another_target(trained, tmp_path):
+    head, _, _ = trained
+    path = tmp_path / "eagle.pt"
+    save_eagle(path, head, TARGET, TOKENIZER, accuracies=[0.5] * 4)
+    loaded, state = load_eagle(path, TARGET, TOKENIZER, dtype=torch.float64)
+    assert torch.equal(loaded.fuse.weight, head.fuse.weight) and state["accuracies"] == [0.5] * 4
+    assert load_eagle(path, copy.deepcopy(TARGET).float(), TOKENIZER)[0] is not None  # same weights, float32
+    with pytest.raises(CheckpointError, match="trained for another target model") as refused:
+        load_eagle(path, tiny_model(seed=1), TOKENIZER)
+    assert refused.value.retrain == "eagle"
+    with pytest.raises(CheckpointError, match="another target"):  # same weights, another tokenizer
+        load_eagle(path, TARGET, Tokenizer({"kind": "bpe", "merges": [[32, 116]]}))
+    with pytest.raises(CheckpointError, match="no eagle checkpoint"):
+        load_eagle(tmp_path / "missing.pt", TARGET, TOKENIZER)
+
+
+@pytest.mark.parametrize("value, parsed", [("chain:4", ("chain", 4)), ("tree:auto", ("tree", "auto")),
+                                           ("tree:64", ("tree", 64)), ("chain:auto", ("chain", "auto"))])
+def test_settings(value, parsed):
+    assert parse_shape(value) == parsed
+
+
+@pytest.mark.parametrize("value", ["chain", "tree:0", "chain:17", "tree:65", "bush:4", "tree:x", ""])
+def test_bad_settings_are_refused(value):
+    with pytest.raises(ValueError, match="chain:K"):
+        parse_shape(value)
+
+
+# ---- greedy: token-identical to plain, both caches exact -------------------------------------------
+
+SHAPES = [("chain", 1), ("chain", 4), ("chain", "auto"), ("tree", 4), ("tree", 12), ("tree", "auto")]
+
+
+@pytest.mark.parametrize("shape, size", SHAPES)
+def test_greedy_eagle_is_token_identical_to_plain(trained, shape, size):
+    head = trained[0]
+    accepted = judged = forwards = 0
+    for prompt in PROMPTS:
+        plain, _ = generate(TARGET, prompt, 60, Sampling())
+        spec, stats = generate(TARGET, prompt, 60, Sampling(), proposer=Eagle(head, shape, size, COSTS))
+        assert spec == plain
+        accepted, judged, forwards = accepted + stats.accepted, judged + stats.judged, forwards + stats.target_forwards
+    assert 0.2 < accepted / judged < 0.95  # the test must exercise both accepted and rejected candidates
+    assert forwards < 4 * 60  # speculation saved target passes
+
+
+class CheckedEagle(Eagle):
+    """After every catch-up, the head's cache must equal a fresh prefill of its pairs (the target's
+    fresh features of the tokens the target's cache holds, each with the token after it), and the
+    target's cache a fresh prefill of those tokens."""
+
+    def propose(self, tokens, max_depth, sampling, generator):
+        candidates = super().propose(tokens, max_depth, sampling, generator)
+        target = self.recorder.cache
+        held = tokens[len(tokens) - 1 - target.length:-1]  # every accepted token but the newest
+        assert_matches_prefill(self.recorder.model, target, held)
+        if held and self.cache.length == target.length:  # caught up this round (a sized proposer may sit out)
+            features = self.recorder.model(torch.tensor([held]), return_hidden=True)[1]
+            fresh = self.head.new_cache(scratch=0)
+            self.head(features, torch.tensor([tokens[len(tokens) - target.length:]]), fresh)
+            fresh.commit()
+            torch.testing.assert_close(self.cache.k[..., :fresh.length, :], fresh.k[..., :fresh.length, :],
+                                       rtol=0, atol=1e-10)
+            torch.testing.assert_close(self.cache.v[..., :fresh.length, :], fresh.v[..., :fresh.length, :],
+                                       rtol=0, atol=1e-10)
+            self.checked += 1
+        return candidates
+
+
+@pytest.mark.parametrize("shape, size", [("chain", 4), ("tree", 12)])
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0)])
+def test_both_caches_equal_fresh_prefills_after_every_round(trained, shape, size, sampling):
+    recorder = RecordingTarget(TARGET)
+    proposer = CheckedEagle(trained[0], shape, size)
+    proposer.recorder, proposer.checked = recorder, 0
+    _, stats = generate(recorder, [3, 1, 4], 70, sampling, torch.Generator().manual_seed(0), proposer=proposer)
+    assert proposer.checked > 10 and stats.accepted > 5
+
+
+def test_a_dynamic_tree_holds_the_most_confident_nodes_parents_first(trained):
+    proposer = Eagle(trained[0], "tree", 12)
+    proposer.start([3, 1, 4])
+    logits, hidden = TARGET(torch.tensor([[3, 1, 4]]), return_hidden=True)  # the first pass: the prompt
+    token = int(logits[0, -1].argmax())
+    proposer.update([3, 1, 4, token], decode.verify.Verdict([], token, 0, False), logits[0, -1:], hidden[0])
+    candidates = proposer.propose([3, 1, 4, token], 5, Sampling(), None)
+    assert len(candidates) == 12 and candidates.draft_probs is None  # deterministic guesses
+    assert all(p < i for i, p in enumerate(candidates.parents))  # parents listed first
+    assert 1 < max(candidates.depths()) <= 5
+    assert proposer.cache.length == 3  # the drafts' scratch is rolled back; the 3 real pairs stay
+
+
+# ---- sampling: exact through the shared verifier -----------------------------------------------------
+
+class ToyHead:
+    """An EAGLE head for the bigram toys: it ignores the features and says the draft table's
+    logits for the token it is given."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def new_cache(self, scratch):
+        return KVCache(1, 1, 1, 1, 64 + scratch, dtype=torch.float64)
+
+    def __call__(self, features, tokens, cache=None, mask=None):
+        if cache is not None:
+            placeholder = torch.zeros(1, 1, tokens.size(1), 1, dtype=torch.float64)
+            cache.write(0, placeholder, placeholder)
+        logits = self.table[tokens]
+        return logits, logits
+
+
+SETTINGS = {
+    "sampled chain, temperature 1": (lambda: Eagle(ToyHead(DRAFT_TABLE), "chain", 3), Sampling(temperature=1.0)),
+    "tree, top-k top-p": (lambda: Eagle(ToyHead(DRAFT_TABLE), "tree", 3), Sampling(temperature=0.7, top_k=3, top_p=0.9)),
+}
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_sampling_preserves_the_target_distribution(name):
+    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
+    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_wrong_verifier_is_caught(name, monkeypatch):
+    # after a rejection, resample from p instead of the residual max(0, p - q)
+    monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
+    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
+    assert stat > 3 * critical and tv > 2 * tv_limit
+
+
+def test_a_sized_tree_samples_exactly_too():
+    # no wrong-verifier control here: a sized tree sits out many rounds, which leaves a wrong
+    # verifier too few to show in
+    stat, critical, tv, tv_limit = sampled_fit(lambda: Eagle(ToyHead(DRAFT_TABLE), "tree", "auto", COSTS),
+                                               Sampling(temperature=1.2))
+    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
