@@ -52,8 +52,7 @@ def add_checkpoint_args(parser, draft=True):
     """--out-dir for the checkpoints train.py writes, and --target (and --draft) for one kept
     elsewhere, such as a GPT-2 imported by model/convert.py."""
     parser.add_argument("--out-dir", default="out",
-                        help="directory of the trained checkpoints: target.pt, draft.pt, medusa.pt, eagle.pt "
-                             "(default: out)")
+                        help="directory of train.py's checkpoints: target.pt, draft.pt, medusa.pt, eagle.pt (default: out)")
     parser.add_argument("--target", metavar="PATH",
                         help="target checkpoint (default: OUT_DIR/target.pt), e.g. a GPT-2 imported with "
                              "python -m model.convert")

@@ -8,16 +8,17 @@ committed: entry j reads the target's feature f_j and the token x_{j+1} that fol
      output is the predicted feature after the newest token, and its logits the guesses at the
      token after that: the children of the root;
   2. expand, depth by depth: the `width` likeliest nodes of the newest depth (by their value, the
-     product of the head's probabilities along their path, EAGLE-2's confidence) each run through
-     the head at once, fed their parent's predicted feature and their own token, under a tree mask
-     over the head's scratch; each gives `width` children;
+     chance that their whole path is accepted: EAGLE-2's confidence, the product of the head's
+     probabilities along the path, here each calibrated against the verdicts seen so far) each run
+     through the head at once, fed their parent's predicted feature and their own token, under a
+     tree mask over the head's scratch; each gives `width` children;
   3. rerank: the nodes of highest value, parents before children, go to ONE target pass;
   4. after the verdict the head rolls its scratch back, and catch-up of the next round replaces
      the predicted features of the accepted tokens by the target's real ones.
 
-    root ── a (0.7) ── c (0.49)        width 2, depth 2; the 3 best nodes are a, c and b:
-        └── b (0.2) ── d (0.10)        a tree of 3 candidates, expected 0.7 + 0.49 + 0.2 accepted
-                   └── e (0.06)
+    root ── a (0.7) ── c (0.49)        width 2, depth 2 (a's second child left out); the 3 best
+        └── b (0.2) ── d (0.10)        nodes are a, c and b: a tree of 3 candidates, expected
+                   └── e (0.06)        0.7 + 0.49 + 0.2 accepted
 
 A chain is the tree of width 1. Tree nodes are the head's top choices, deterministic guesses, so
 the shared verifier checks them exactly at any temperature (rejection with a one-hot q: accept x
@@ -29,13 +30,17 @@ Sizing ("auto"), from the target's tree-pass cost curve r(n) and the head's cost
 in target steps: a depth is expanded only while the best nodes of the last one could repay a head
 forward, and the tree keeps the n best nodes that maximise
 
-    (1 + s * sum of their values) / (r(n + 1) + head forwards * c),
+    (1 + sum of their values) / (r(n + 1) + head forwards * c),
 
-s correcting the head's confidence by the acceptance seen so far (n = 0 may win: the round then
-proposes nothing). When the recent rounds' predictions
-(a running mean) fall below 1, the proposer stops drafting, and catching up, and tries again after
-4 rounds, then 8, ... at most 64: where nothing pays, the loop is plain decoding.
+where n = 0 may win: the round then proposes nothing. When the recent rounds' predictions (a
+running mean) fall below 1, the proposer stops drafting, and catching up, and tries again after 4
+rounds, then 8, ... at most 64: where nothing pays, the loop is plain decoding. c is the head
+forward's cost as the loop pays it: timed alone at start-up, then scaled by the proposer's own
+timing of its rounds.
 """
+import heapq
+import time
+
 import numpy as np
 import torch
 
@@ -46,10 +51,10 @@ from decode.tree import Candidates
 
 DEFAULT = "tree:auto"
 TREE_WIDTH = 4        # nodes expanded per depth and children per node (EAGLE-2's top-k)
-MAX_DEPTH = 6         # head forwards after the catch-up, at most, when sized
+MAX_DEPTH = 6         # a tree's depth, and its head forwards after the catch-up, at most
 MAX_AUTO_NODES = 24   # the largest sized tree
 MAX_CHAIN, MAX_TREE = 16, 64
-CONFIDENCE_WEIGHT = 4                  # rounds' worth of trust in the head's confidence before any verdict
+CALIBRATION_BINS, CALIBRATION_WEIGHT = 10, 2
 OUTLOOK_DECAY = 0.2                    # weight of the newest round in the running outlook
 FIRST_PROBE, MAX_PROBE_GAP = 4, 64     # rounds before drafting is tried again after switching off
 
@@ -62,6 +67,30 @@ def parse_shape(value):
         raise ValueError(f"takes chain:K (K from 1 to {MAX_CHAIN}), tree:N (N from 1 to {MAX_TREE}), "
                          f"chain:auto or tree:auto; got {value!r}")
     return shape, size if size == "auto" else int(size)
+
+
+class Calibration:
+    """P(a drafted node is accepted | its parent was), as a function of the head's probability for
+    it, counted from the verdicts in CALIBRATION_BINS bins of that probability. The head learnt the
+    target's distribution, which says how often the target would SAMPLE a token, not how often it is
+    the target's argmax: on a flat distribution a guess of probability 0.2 may be its argmax most of
+    the time. Before any verdict a bin assumes its own probability, worth CALIBRATION_WEIGHT nodes."""
+
+    def __init__(self):
+        self.hits, self.tries = [0.0] * CALIBRATION_BINS, [0.0] * CALIBRATION_BINS
+
+    def _bin(self, p):
+        return min(int(p * CALIBRATION_BINS), CALIBRATION_BINS - 1)
+
+    def __call__(self, p):
+        b = self._bin(p)
+        prior = (b + 0.5) / CALIBRATION_BINS
+        return (self.hits[b] + CALIBRATION_WEIGHT * prior) / (self.tries[b] + CALIBRATION_WEIGHT)
+
+    def record(self, p, accepted):
+        b = self._bin(p)
+        self.tries[b] += 1
+        self.hits[b] += accepted
 
 
 @torch.inference_mode()
@@ -85,42 +114,45 @@ def head_seconds(head, vocab_size, prefix):
 
 
 def measured_costs(target, head):
-    """(r, c) for sizing: the target's tree-pass cost curve r(1..MAX_AUTO_NODES+1) and the head's
-    cost per forward, in target steps, timed here and now."""
+    """(r, c, seconds) for sizing: the target's tree-pass cost curve r(1..MAX_AUTO_NODES+1), the
+    head's cost per forward in target steps, and that forward's seconds, timed here and now."""
     prefix = profile_prefix(target)
     r, step = cost_curve(target, min(MAX_AUTO_NODES + 1, prefix), prefix, tree=True)
-    return extended(r, MAX_AUTO_NODES + 1), head_seconds(head, target.config.vocab_size, prefix) / step
+    seconds = head_seconds(head, target.config.vocab_size, prefix)
+    return extended(r, MAX_AUTO_NODES + 1), seconds / step, seconds
 
 
 class Eagle(Proposer):
     """The EAGLE proposer for decode.speculative.generate.
 
     head: an EagleHead (or anything with its new_cache and forward); shape: "chain" or "tree";
-    size: guesses (chain) or nodes (tree) per round, or "auto"; costs: (r, c) of measured_costs,
-    needed by "auto"."""
+    size: guesses (chain) or nodes (tree) per round, or "auto"; costs: (r, c, seconds) of
+    measured_costs, needed by "auto". A head forward costs more inside propose than timed alone
+    (the tree's bookkeeping around it), so "auto" times its own rounds and scales c to match."""
 
     def __init__(self, head, shape="tree", size="auto", costs=None):
         self.head = head
         self.width = 1 if shape == "chain" else TREE_WIDTH
         self.sized = size == "auto"
         if self.sized:
-            self.r, self.c = costs
+            self.r, self.bare_c, self.head_seconds = costs
+            self.c = self.bare_c  # corrected as rounds are timed
             self.depth = MAX_DEPTH
             self.max_candidates = MAX_DEPTH if shape == "chain" else MAX_AUTO_NODES
         else:
-            self.depth = size if shape == "chain" else MAX_DEPTH
+            self.depth = min(size, MAX_DEPTH) if shape == "tree" else size
             self.max_candidates = size
         # what sizing has learnt, kept from one generation to the next (the same head)
-        self.accepted, self.expected = 0.0, 0.0
+        self.calibration = Calibration()
         self.outlook = 1.0  # recent rounds' predicted tokens per step, optimistic at first
         self.round, self.next_probe, self.probe_gap = 0, 0, FIRST_PROBE
 
     def start(self, prompt):
         self.cache = self.head.new_cache(scratch=self.width * self.depth)
         self.fed = None        # the head has read, or holds pending, the pairs of its window up to tokens[fed]
-        self.pending = []      # (feature, next token) pairs known but not read yet
+        self.pending = []      # pairs known but not read yet: chunks of (features (m, C), the m tokens after them)
         self.forwards = 0
-        self.value = None      # the expected accepted length of this round's candidates
+        self.judging = None    # (head probability, parent) of each candidate proposed this round
 
     # ---- the head's cache ------------------------------------------------------------------------
 
@@ -134,17 +166,19 @@ class Eagle(Proposer):
         if first != self.fed:  # the target re-read its window after a slide: so does the head
             self.cache.rollback(0)
             self.pending = []
-        self.pending += list(zip(hidden[rows], tokens[first + 1:]))
+        self.pending.append((hidden[rows], tokens[first + 1:]))
         self.fed = len(tokens) - 1
-        if self.value is not None:
-            self.accepted += len(verdict.path)
-            self.expected += self.value
-            self.value = None
+        if self.judging is not None:  # each candidate whose parent held was judged on its own
+            held = {0, *verdict.path}  # pass positions: the root, then candidate i at i + 1
+            for i, (p, parent) in enumerate(self.judging):
+                if parent + 1 in held:
+                    self.calibration.record(p, i + 1 in held)
+            self.judging = None
 
     def _catch_up(self):
         """Read the pending pairs; (predicted feature, logits) after the newest token."""
-        features = torch.stack([f for f, _ in self.pending])[None]  # (1, m, C)
-        tokens = torch.tensor([[t for _, t in self.pending]], device=features.device)
+        features = torch.cat([f for f, _ in self.pending])[None]  # (1, m, C)
+        tokens = torch.tensor([[t for _, chunk in self.pending for t in chunk]], device=features.device)
         out, logits = self.head(features, tokens, self.cache)
         self.cache.commit()
         self.pending = []
@@ -152,10 +186,6 @@ class Eagle(Proposer):
         return out[0, -1], logits[0, -1]
 
     # ---- drafting --------------------------------------------------------------------------------
-
-    def confidence(self):
-        """s: accepted tokens per token of the head's expected acceptance, so far (1 before any)."""
-        return (self.accepted + CONFIDENCE_WEIGHT) / (self.expected + CONFIDENCE_WEIGHT)
 
     def sitting_out(self):
         """True on the rounds a sized proposer skips, while its recent rounds predicted less than a
@@ -172,12 +202,13 @@ class Eagle(Proposer):
     def propose(self, tokens, max_depth, sampling, generator):
         if self.fed is None or self.sitting_out():
             return None
+        started = time.perf_counter()
         root_feature, root_logits = self._catch_up()
         L = self.cache.length
         depth_limit = min(self.depth, max_depth)
-        s = self.confidence() if self.sized else 1.0
-        # every node drafted: token, parent node (-1: the root), value, depth, head scratch slot (or -1)
-        tok, parent, value, depth, slot = [], [], [], [], []
+        # every node drafted: token, parent node (-1: the root), the head's probability, value (the
+        # calibrated probability that its path is accepted), depth, head scratch slot (or -1)
+        tok, parent, prob, value, depth, slot = [], [], [], [], [], []
         draws = []  # a sampled chain's q per guess
         frontier = [-1]  # nodes whose children come next
         features, logits = root_feature[None], root_logits[None]  # (len(frontier), C), (len(frontier), V)
@@ -195,24 +226,32 @@ class Eagle(Proposer):
                 for x, p in zip(children[i].tolist(), child_p[i].tolist()):
                     tok.append(x)
                     parent.append(node)
-                    value.append((value[node] if node >= 0 else 1.0) * p)
+                    prob.append(p)
+                    value.append((value[node] if node >= 0 else 1.0) * self.calibration(p))
                     depth.append(d)
                     slot.append(-1)
             newest = range(len(tok) - len(frontier) * children.size(1), len(tok))
             expand = sorted(newest, key=lambda v: -value[v])[:self.width]
-            if d == depth_limit or (self.sized and s * sum(value[v] for v in expand) < self.c):
-                break  # the deepest allowed, or the best of this depth cannot repay a head forward
+            if (d == depth_limit or len(value) >= self.max_candidates
+                    and heapq.nlargest(self.max_candidates, value)[-1] >= value[expand[0]]):
+                break  # the deepest allowed, or no deeper node could make the tree (it is worth less)
+            if self.sized and sum(value[v] for v in expand) < self.c:
+                break  # the best of this depth cannot repay a head forward
             features, logits = self._expand(expand, features, frontier, parent, tok, slot, L)
             frontier = expand
             forwards += 1
         self.cache.rollback(L)
         self.forwards += forwards - 1
-        chosen = self._choose(value, depth, forwards, s)
+        if self.sized:  # c as this loop pays it: the seconds per forward, relative to the bare head's
+            paid = (time.perf_counter() - started) / forwards / self.head_seconds
+            self.c = (1 - OUTLOOK_DECAY) * self.c + OUTLOOK_DECAY * self.bare_c * paid
+        chosen = self._choose(value, depth, forwards)
         if not chosen:
             return None
         index = {v: i for i, v in enumerate(chosen)}
-        self.value = sum(value[v] for v in chosen)
-        return Candidates([tok[v] for v in chosen], [index.get(parent[v], -1) for v in chosen],
+        parents = [index.get(parent[v], -1) for v in chosen]
+        self.judging = [(prob[v], p) for v, p in zip(chosen, parents)]
+        return Candidates([tok[v] for v in chosen], parents,
                           torch.stack(draws[:len(chosen)]) if draws else None)
 
     def _expand(self, nodes, parent_features, frontier, parent, tok, slot, L):
@@ -235,17 +274,17 @@ class Eagle(Proposer):
         self.cache.commit()  # kept until the round's rollback, for the next depth to attend to
         return out[0], logits[0]
 
-    def _choose(self, value, depth, forwards, s):
+    def _choose(self, value, depth, forwards):
         """The candidates, as node indices in drafting order (parents before children): the
-        max_candidates of highest value, or, sized, the best count by the cost model; [] when no
-        tree beats a plain step. Ties go to the shallower node, so a parent is always chosen
+        max_candidates of highest value, or, sized, the count the cost model prefers, which may
+        be none. Ties go to the shallower node, so a parent is always chosen
         before its child (a child's value is at most its parent's)."""
         ranked = sorted(range(len(value)), key=lambda v: (-value[v], depth[v]))
         if not self.sized:
             return sorted(ranked[:self.max_candidates])
         gains = [0.0]
         for v in ranked[:self.max_candidates]:
-            gains.append(gains[-1] + s * value[v])
+            gains.append(gains[-1] + value[v])
         rates = [(1 + gain) / (self.r[n] + forwards * self.c) for n, gain in enumerate(gains)]
         best = max(range(len(rates)), key=rates.__getitem__)
         self.outlook = (1 - OUTLOOK_DECAY) * self.outlook + OUTLOOK_DECAY * rates[best]

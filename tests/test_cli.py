@@ -79,6 +79,7 @@ def test_bench_plots(tiny_checkpoint, tmp_path):
     (["--prompt-lookup", "0,5,2"], ["--prompt-lookup", "1 to 64"]),
     (["--methods", "draft", "--k", "2", "17"], ["--k", "17"]),
     (["--methods", "medusa", "--medusa-tree", "bushy"], ["--medusa-tree", "saved"]),
+    (["--methods", "eagle", "--eagle", "tree:8", "bush:3"], ["--eagle", "chain:K"]),
     (["--methods", "warp"], ["unknown method"]),
     (["--num-prompts", "0"], ["--num-prompts"]),
 ])
@@ -101,6 +102,8 @@ def test_bench_bad_input(tiny_checkpoint, args, words):
     (["--spec", "lookahead", "--lookahead", "2,1,2"], ["N must be at least 2"]),
     (["--spec", "prompt-lookup", "--prompt-lookup", "3,5"], ["--prompt-lookup", "three"]),
     (["--spec", "medusa", "--medusa-tree", "300"], ["--medusa-tree", "256"]),
+    (["--spec", "eagle", "--eagle", "tree:100"], ["--eagle", "tree:N", "64"]),
+    (["--spec", "eagle", "--eagle", "chain"], ["--eagle", "chain:K"]),
 ])
 def test_generate_bad_input(tiny_checkpoint, args, words):
     if "cuda" in args and torch.cuda.is_available():
@@ -205,6 +208,27 @@ def test_medusa_heads_of_another_target_are_refused(tiny_checkpoint, tmp_path):
     assert_one_line_error(r, "another target", "python train.py --what medusa")
     (tmp_path / "medusa.pt").unlink()
     assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "medusa"), "--what medusa")
+
+
+@pytest.mark.parametrize("shape", ["chain:3", "tree:auto"])
+def test_generate_eagle_compare_is_identical_to_plain(tiny_checkpoint, shape):
+    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--spec", "eagle", "--eagle", shape, "--compare",
+                "--temperature", "0", "--dtype", "float64", "--max-new-tokens", "80", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["identical_to_plain"] is True and out["lossy"] is False
+
+
+def test_an_eagle_head_of_another_target_is_refused(tiny_checkpoint, tmp_path):
+    (tmp_path / "eagle.pt").write_bytes((tiny_checkpoint / "eagle.pt").read_bytes())
+    state = torch.load(tiny_checkpoint / "target.pt", weights_only=True)
+    state["model"]["transformer.ln_f.bias"] += 1.0  # another target
+    torch.save(state, tmp_path / "target.pt")
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "eagle"),
+                          "another target", "python train.py --what eagle")
+    (tmp_path / "eagle.pt").unlink()
+    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path, "--spec", "eagle"),
+                          "no eagle checkpoint", "--what eagle")
 
 
 def test_generate_compiled_says_what_eager_says_and_compiles_once(tiny_checkpoint):

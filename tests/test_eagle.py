@@ -19,12 +19,15 @@ from model.kv_cache import KVCache
 from model.tokenizer import Tokenizer
 from tests.conftest import assert_matches_prefill, tiny_model
 from tests.test_medusa import sampled_corpus
-from tests.test_speculative import DRAFT_TABLE, PROMPTS, RecordingTarget, sampled_fit
+from tests.test_speculative import (DRAFT_TABLE, PROMPTS, RecordingTarget, assert_samples_exactly,
+                                    assert_wrong_verifier_is_caught)
 from train import EAGLE_TRAINING, evaluate_eagle, train_eagle
 
 TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
 TOKENIZER = Tokenizer({"kind": "bpe", "merges": []})
-COSTS = ([1.0 + 0.1 * n for n in range(32)], 0.1)  # (r, c) for the sized settings: cheap passes, a cheap head
+# (r, c, seconds) for "auto": cheap passes and a head whose timed forwards cost nothing against an
+# infinite bare time, so that its sizing never depends on this machine's speed
+COSTS = ([1.0 + 0.1 * n for n in range(32)], 0.1, float("inf"))
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +105,9 @@ def test_greedy_eagle_is_token_identical_to_plain(trained, shape, size):
         spec, stats = generate(TARGET, prompt, 60, Sampling(), proposer=Eagle(head, shape, size, COSTS))
         assert spec == plain
         accepted, judged, forwards = accepted + stats.accepted, judged + stats.judged, forwards + stats.target_forwards
-    assert 0.2 < accepted / judged < 0.95  # the test must exercise both accepted and rejected candidates
-    assert forwards < 4 * 60  # speculation saved target passes
+    assert forwards < 4 * 60 and accepted > 0  # speculation saved target passes
+    if size != "auto":  # the test must exercise both accepted and rejected candidates (a sized
+        assert 0.2 < accepted / judged < 0.95  # proposer may offer only what it is sure of)
 
 
 class CheckedEagle(Eagle):
@@ -179,22 +183,12 @@ SETTINGS = {
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_sampling_preserves_the_target_distribution(name):
-    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
-    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
-
-
-@pytest.mark.parametrize("name", list(SETTINGS))
-def test_a_wrong_verifier_is_caught(name, monkeypatch):
-    # after a rejection, resample from p instead of the residual max(0, p - q)
-    monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
-    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
-    assert stat > 3 * critical and tv > 2 * tv_limit
+def test_sampling_preserves_the_target_distribution_and_the_control_is_caught(name, monkeypatch):
+    assert_samples_exactly(*SETTINGS[name])
+    assert_wrong_verifier_is_caught(*SETTINGS[name], monkeypatch)
 
 
 def test_a_sized_tree_samples_exactly_too():
     # no wrong-verifier control here: a sized tree sits out many rounds, which leaves a wrong
     # verifier too few to show in
-    stat, critical, tv, tv_limit = sampled_fit(lambda: Eagle(ToyHead(DRAFT_TABLE), "tree", "auto", COSTS),
-                                               Sampling(temperature=1.2))
-    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
+    assert_samples_exactly(lambda: Eagle(ToyHead(DRAFT_TABLE), "tree", "auto", COSTS), Sampling(temperature=1.2))

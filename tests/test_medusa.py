@@ -22,7 +22,8 @@ from model.checkpoint import CheckpointError, load_model
 from model.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from model.tokenizer import Tokenizer
 from tests.conftest import assert_matches_prefill, tiny_model
-from tests.test_speculative import PROMPTS, TARGET_TABLE, RecordingTarget, sampled_fit
+from tests.test_speculative import (PROMPTS, TARGET_TABLE, RecordingTarget, assert_samples_exactly,
+                                    assert_wrong_verifier_is_caught, sampled_fit)
 from train import HEADS_TRAINING, evaluate_heads, train_heads
 
 TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
@@ -307,16 +308,12 @@ SETTINGS = {
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_sampling_preserves_the_target_distribution(name):
-    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
-    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
+    assert_samples_exactly(*SETTINGS[name])
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_a_wrong_verifier_is_caught(name, monkeypatch):
-    # after a rejection, resample from p instead of the residual (p with the rejected token removed)
-    monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
-    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
-    assert stat > 3 * critical and tv > 2 * tv_limit
+    assert_wrong_verifier_is_caught(*SETTINGS[name], monkeypatch)
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))

@@ -224,11 +224,24 @@ SETTINGS = {
 }
 
 
+def assert_samples_exactly(make_proposer, sampling):
+    """Decoded continuations fit the exact joint: chi-square and total variation both pass."""
+    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling)
+    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
+
+
+def assert_wrong_verifier_is_caught(make_proposer, sampling, monkeypatch):
+    """The control: the classic mistake, after a rejection resampling from p instead of the
+    residual max(0, p - q), must fail the same test by far."""
+    monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
+    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling)
+    assert stat > 3 * critical and tv > 2 * tv_limit
+
+
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_sampling_preserves_the_target_distribution(name):
     make_proposer, sampling = SETTINGS[name]
-    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling)
-    assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
+    assert_samples_exactly(make_proposer, sampling)
     # the distance to the exact joint shrinks like that of direct sampling: at N/4 draws too
     _, _, tv, tv_limit = sampled_fit(make_proposer, sampling, N // 4, seed=1)
     assert tv < tv_limit
@@ -236,10 +249,7 @@ def test_sampling_preserves_the_target_distribution(name):
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_a_wrong_verifier_is_caught(name, monkeypatch):
-    # the classic mistake: after a rejection, resample from p instead of the residual max(0, p - q)
-    monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
-    stat, critical, tv, tv_limit = sampled_fit(*SETTINGS[name])
-    assert stat > 3 * critical and tv > 2 * tv_limit
+    assert_wrong_verifier_is_caught(*SETTINGS[name], monkeypatch)
 
 
 @pytest.mark.parametrize("k", [1, 4])
