@@ -46,7 +46,7 @@ ROWS = {  # the settings benchmarked by default, one row each
     "lookahead": ["2,2,2", "5,3,5", "7,4,7"],  # fixed sizes, besides the sized default
     "prompt-lookup": ["3,5,2"],
     "medusa": ["chain", "saved", "4", "8", "32"],
-    "eagle": ["chain:4", "chain:auto", "tree:8", "tree:16", "tree:auto"],
+    "eagle": ["chain:4", "tree:8", "tree:16", "tree:auto"],
 }
 NOISE_ROW = "none again (noise)"
 ALPHAS = (0.6, 0.7, 0.8)  # acceptance rates at which --profile predicts a draft's speedup (it measures none)

@@ -56,8 +56,11 @@ TRAIN_PRESETS = {
 # after 400 iterations); one evaluation, at the end, which also measures the accuracies.
 HEADS_TRAINING = dict(batch_size=16, max_iters=1000, learning_rate=3e-3, warmup_iters=50,
                       eval_interval=1000, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
-EAGLE_TRAINING = dict(batch_size=16, max_iters=1000, learning_rate=3e-3, warmup_iters=50,
-                      eval_interval=500, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
+# The EAGLE head's settings: 3,000 iterations (11.5 min on 2 cores) reached a top-1 agreement with the
+# default target of 0.648 at depth 1 against 0.605 after 1,000; a token-loss weight of 1 instead of
+# the paper's 0.1 gained at depth 1 (0.623) and lost deeper (0.576 against 0.590 at depth 2).
+EAGLE_TRAINING = dict(batch_size=16, max_iters=3000, learning_rate=3e-3, warmup_iters=50,
+                      eval_interval=1000, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
 LAMBDA0 = 0.2             # Medusa-2: weight of the heads' loss next to the target's own
 BACKBONE_LR_SCALE = 0.25  # Medusa-2: the target learns 4x slower than the heads
 TOP = 10                  # accuracies are measured for each head's 10 likeliest tokens

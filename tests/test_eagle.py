@@ -18,12 +18,11 @@ from model.eagle import EagleHead, load_eagle, save_eagle
 from model.kv_cache import KVCache
 from model.tokenizer import Tokenizer
 from tests.conftest import assert_matches_prefill, tiny_model
-from tests.test_medusa import sampled_corpus
-from tests.test_speculative import (DRAFT_TABLE, PROMPTS, RecordingTarget, assert_samples_exactly,
+from tests.test_medusa import TARGET, plain_greedy, sampled_corpus  # context 32: 60 tokens slide twice
+from tests.test_speculative import (DRAFT_TABLE, N, PROMPTS, RecordingTarget, assert_samples_exactly,
                                     assert_wrong_verifier_is_caught)
 from train import EAGLE_TRAINING, evaluate_eagle, train_eagle
 
-TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
 TOKENIZER = Tokenizer({"kind": "bpe", "merges": []})
 # (r, c, seconds) for "auto": cheap passes and a head whose timed forwards cost nothing against an
 # infinite bare time, so that its sizing never depends on this machine's speed
@@ -101,9 +100,8 @@ def test_greedy_eagle_is_token_identical_to_plain(trained, shape, size):
     head = trained[0]
     accepted = judged = forwards = 0
     for prompt in PROMPTS:
-        plain, _ = generate(TARGET, prompt, 60, Sampling())
         spec, stats = generate(TARGET, prompt, 60, Sampling(), proposer=Eagle(head, shape, size, COSTS))
-        assert spec == plain
+        assert spec == plain_greedy(tuple(prompt))
         accepted, judged, forwards = accepted + stats.accepted, judged + stats.judged, forwards + stats.target_forwards
     assert forwards < 4 * 60 and accepted > 0  # speculation saved target passes
     if size != "auto":  # the test must exercise both accepted and rejected candidates (a sized
@@ -176,16 +174,18 @@ class ToyHead:
         return logits, logits
 
 
-SETTINGS = {
-    "sampled chain, temperature 1": (lambda: Eagle(ToyHead(DRAFT_TABLE), "chain", 3), Sampling(temperature=1.0)),
-    "tree, top-k top-p": (lambda: Eagle(ToyHead(DRAFT_TABLE), "tree", 3), Sampling(temperature=0.7, top_k=3, top_p=0.9)),
+SETTINGS = {  # (proposer, sampling, draws): the tree's wrong verifier stands out at half the draws
+    "sampled chain, temperature 1": (lambda: Eagle(ToyHead(DRAFT_TABLE), "chain", 3), Sampling(temperature=1.0), N),
+    "tree, top-k top-p": (lambda: Eagle(ToyHead(DRAFT_TABLE), "tree", 3), Sampling(temperature=0.7, top_k=3, top_p=0.9),
+                          N // 2),
 }
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_sampling_preserves_the_target_distribution_and_the_control_is_caught(name, monkeypatch):
-    assert_samples_exactly(*SETTINGS[name])
-    assert_wrong_verifier_is_caught(*SETTINGS[name], monkeypatch)
+    make_proposer, sampling, draws = SETTINGS[name]
+    assert_samples_exactly(make_proposer, sampling, draws)
+    assert_wrong_verifier_is_caught(make_proposer, sampling, monkeypatch, draws)
 
 
 def test_a_sized_tree_samples_exactly_too():

@@ -224,17 +224,17 @@ SETTINGS = {
 }
 
 
-def assert_samples_exactly(make_proposer, sampling):
-    """Decoded continuations fit the exact joint: chi-square and total variation both pass."""
-    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling)
+def assert_samples_exactly(make_proposer, sampling, n=N):
+    """n decoded continuations fit the exact joint: chi-square and total variation both pass."""
+    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling, n)
     assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
 
 
-def assert_wrong_verifier_is_caught(make_proposer, sampling, monkeypatch):
+def assert_wrong_verifier_is_caught(make_proposer, sampling, monkeypatch, n=N):
     """The control: the classic mistake, after a rejection resampling from p instead of the
     residual max(0, p - q), must fail the same test by far."""
     monkeypatch.setattr(decode.verify, "residual", lambda p, q: p)
-    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling)
+    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling, n)
     assert stat > 3 * critical and tv > 2 * tv_limit
 
 
