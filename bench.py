@@ -294,8 +294,7 @@ def main(argv=None):
     draft = load_draft(draft_path, tokenizer, device, dtype) if "draft" in methods else None
     draft = cli.compiled(draft, draft_path, args, device, dtype, prepare=True)
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), target, tokenizer, device, dtype) if "medusa" in methods else None
-    eagle_head = (load_eagle(cli.checkpoint_of(args, "eagle"), target, tokenizer, device, dtype)[0]
-                  if "eagle" in methods else None)
+    eagle_head = load_eagle(cli.checkpoint_of(args, "eagle"), target, tokenizer, device, dtype) if "eagle" in methods else None
     proposers = build_rows(args, model, draft, heads, eagle_head, methods, cli.stored_costs(args, device, dtype))
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)
@@ -304,7 +303,7 @@ def main(argv=None):
     if draft is not None:
         cost["c"] = forward_seconds(draft, 1, profile_prefix(draft)) / step
     if eagle_head is not None:
-        cost["c_eagle"] = head_seconds(eagle_head, model.config.vocab_size, prefix) / step
+        cost["c_eagle"] = head_seconds(eagle_head[0], model.config.vocab_size, prefix) / step
     step_cost = dict(draft=cost.get("c", 0.0), eagle=cost.get("c_eagle", 0.0))  # per draft forward, by method
 
     text = read_text(args.data or state.get("data"))

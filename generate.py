@@ -73,7 +73,7 @@ def main(argv=None):
 
     draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), model, tokenizer, device, dtype) if args.spec == "medusa" else None
-    eagle_head = load_eagle(cli.checkpoint_of(args, "eagle"), model, tokenizer, device, dtype)[0] if args.spec == "eagle" else None
+    eagle_head = load_eagle(cli.checkpoint_of(args, "eagle"), model, tokenizer, device, dtype) if args.spec == "eagle" else None
     model = cli.compiled(model, cli.checkpoint_of(args, "target"), args, device, dtype)
     draft = cli.compiled(draft, cli.checkpoint_of(args, "draft"), args, device, dtype)
     proposer = make_proposer(args.spec, setting, model, draft, heads,

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import cli
 from cli import UserError
 from data import TokenData, read_text, split_text
+from decode.eagle import TREE_WIDTH
 from decode.medusa import DEFAULT_TREE_SIZE, build_tree, expected_length
 from model.checkpoint import checkpoint_path, load_checkpoint, load_model, save_checkpoint
 from model.gpt import GPT, GPTConfig, PRESETS
@@ -56,9 +57,10 @@ TRAIN_PRESETS = {
 # after 400 iterations); one evaluation, at the end, which also measures the accuracies.
 HEADS_TRAINING = dict(batch_size=16, max_iters=1000, learning_rate=3e-3, warmup_iters=50,
                       eval_interval=1000, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
-# The EAGLE head's settings: 3,000 iterations (11.5 min on 2 cores) reached a top-1 agreement with the
-# default target of 0.648 at depth 1 against 0.605 after 1,000; a token-loss weight of 1 instead of
-# the paper's 0.1 gained at depth 1 (0.623) and lost deeper (0.576 against 0.590 at depth 2).
+# The EAGLE head's settings: 3,000 iterations (about 4 min per 1,000 on 2 cores) reached a top-1
+# agreement with the default target of 0.648 at depth 1, against 0.605 after 1,000; a token-loss
+# weight of 1 instead of the paper's 0.1 gained at depth 1 (0.623) and lost deeper (0.576 against
+# 0.590 at depth 2, after 1,000).
 EAGLE_TRAINING = dict(batch_size=16, max_iters=3000, learning_rate=3e-3, warmup_iters=50,
                       eval_interval=1000, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
 LAMBDA0 = 0.2             # Medusa-2: weight of the heads' loss next to the target's own
@@ -335,8 +337,9 @@ EAGLE_DEPTHS = 4  # draft depths at which the head's agreement with the target i
 
 @torch.no_grad()
 def evaluate_eagle(target, head, val, batch_size, block_size, eval_iters, device):
-    """(feature loss, token loss, accuracies) over eval_iters fixed val batches. accuracies[d-1]:
-    how often the head's top-1 at draft depth d equals the target's top-1 there. Depth 1 reads the
+    """(feature loss, token loss, accuracies, ranks) over eval_iters fixed val batches.
+    accuracies[d-1]: how often the head's top-1 at draft depth d equals the target's top-1 there;
+    ranks[i]: how often the target's top-1 is the head's (i+1)-th choice at depth 1. Depth 1 reads the
     target's real features; depth d > 1, as in drafting, its own predicted feature from depth d-1
     (with the text's token), attending to the real pairs up to where drafting started and to its
     own earlier drafts."""
@@ -344,6 +347,7 @@ def evaluate_eagle(target, head, val, batch_size, block_size, eval_iters, device
     head.eval()
     gen = torch.Generator().manual_seed(0)
     losses, hits, counts = torch.zeros(2), torch.zeros(EAGLE_DEPTHS), torch.zeros(EAGLE_DEPTHS)
+    rank_hits = torch.zeros(TREE_WIDTH)
     for _ in range(eval_iters):
         x, _ = val.batch(batch_size, block_size, gen, device)
         logits, features = target(x, return_hidden=True)  # (B, T, V), (B, T, C)
@@ -355,6 +359,9 @@ def evaluate_eagle(target, head, val, batch_size, block_size, eval_iters, device
                         dtype=features.dtype, device=device)
         predicted, head_logits = head(features[:, :-1], x[:, 1:], cache)  # depth 1, over the real pairs
         cache.commit()
+        truth = best[:, 1:, None]  # (B, n, 1)
+        rank = (head_logits > head_logits.gather(-1, truth)).sum(-1)  # tokens the head prefers to the target's
+        rank_hits += torch.bincount(rank.flatten().cpu(), minlength=TREE_WIDTH)[:TREE_WIDTH]
         for d in range(1, EAGLE_DEPTHS + 1):
             valid = n - d + 1  # row t guesses the token at t+d+1, which the target predicts at t+d
             hits[d - 1] += (head_logits[:, :valid].argmax(-1) == best[:, d:d + valid]).sum().item()
@@ -372,7 +379,7 @@ def evaluate_eagle(target, head, val, batch_size, block_size, eval_iters, device
             predicted, head_logits = head(predicted, tokens, cache, mask)
             cache.commit()
     head.train(was_training)
-    return *(losses / eval_iters).tolist(), (hits / counts.clamp_min(1)).tolist()
+    return *(losses / eval_iters).tolist(), (hits / counts.clamp_min(1)).tolist(), (rank_hits / counts[0]).tolist()
 
 
 def train_eagle(target, tokenizer, train, val, out_path, opt, device="cpu", seed=1337, log=say, log_interval=100):
@@ -399,13 +406,13 @@ def train_eagle(target, tokenizer, train, val, out_path, opt, device="cpu", seed
     history, result = [], {}
 
     def evaluate_and_save(it, seconds):
-        feature_loss, token_loss, accuracies = evaluate_eagle(target, head, val, opt["batch_size"], block_size,
-                                                              opt["eval_iters"], device)
+        feature_loss, token_loss, accuracies, ranks = evaluate_eagle(target, head, val, opt["batch_size"],
+                                                                     block_size, opt["eval_iters"], device)
         history.append(dict(iter=it, seconds=seconds, val_loss=eagle_loss(feature_loss, token_loss)))
         log(f"eval {it}: val feature loss {feature_loss:.4f}, token loss {token_loss:.4f}, top-1 agreement "
             f"with the target at depth 1..{EAGLE_DEPTHS}: " + " ".join(f"{a:.3f}" for a in accuracies)
-            + f" ({format_duration(seconds)})")
-        save_eagle(out_path, head, target, tokenizer, accuracies=accuracies, feature_loss=feature_loss,
+            + f"; depth 1 by rank: " + " ".join(f"{a:.3f}" for a in ranks) + f" ({format_duration(seconds)})")
+        save_eagle(out_path, head, target, tokenizer, accuracies=accuracies, ranks=ranks, feature_loss=feature_loss,
                    token_loss=token_loss, seconds=seconds, history=history, train_settings=dict(opt, seed=seed))
         result.update(accuracies=accuracies)
 

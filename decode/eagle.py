@@ -54,7 +54,7 @@ TREE_WIDTH = 4        # nodes expanded per depth and children per node (EAGLE-2'
 MAX_DEPTH = 6         # a tree's depth, and its head forwards after the catch-up, at most
 MAX_AUTO_NODES = 24   # the largest sized tree
 MAX_CHAIN, MAX_TREE = 16, 64
-CALIBRATION_BINS, CALIBRATION_WEIGHT = 10, 2
+CALIBRATION_BINS, CALIBRATION_WEIGHT = 5, 2
 OUTLOOK_DECAY = 0.2                    # weight of the newest round in the running outlook
 FIRST_PROBE, MAX_PROBE_GAP = 4, 64     # rounds before drafting is tried again after switching off
 
@@ -70,27 +70,32 @@ def parse_shape(value):
 
 
 class Calibration:
-    """P(a drafted node is accepted | its parent was), as a function of the head's probability for
-    it, counted from the verdicts in CALIBRATION_BINS bins of that probability. The head learnt the
-    target's distribution, which says how often the target would SAMPLE a token, not how often it is
-    the target's argmax: on a flat distribution a guess of probability 0.2 may be its argmax most of
-    the time. Before any verdict a bin assumes its own probability, worth CALIBRATION_WEIGHT nodes."""
+    """P(a drafted node is accepted | its parent was), as a function of its rank among its siblings
+    and the head's probability for it, counted from the verdicts in CALIBRATION_BINS bins of that
+    probability per rank. The head learnt the target's distribution, which says how often the
+    target would SAMPLE a token, not how often it is the target's argmax: on a flat distribution a
+    top guess of probability 0.2 may be the argmax most of the time, and a second guess of the same
+    probability far less often. Before any verdict a cell assumes the head's measured accuracy at
+    that rank (ranks[i]: how often the target's argmax was the head's (i+1)-th choice on val), or
+    its probability where none was measured, worth CALIBRATION_WEIGHT nodes."""
 
-    def __init__(self):
-        self.hits, self.tries = [0.0] * CALIBRATION_BINS, [0.0] * CALIBRATION_BINS
+    def __init__(self, ranks=None):
+        self.ranks = ranks
+        self.hits = [[0.0] * CALIBRATION_BINS for _ in range(TREE_WIDTH)]
+        self.tries = [[0.0] * CALIBRATION_BINS for _ in range(TREE_WIDTH)]
 
     def _bin(self, p):
         return min(int(p * CALIBRATION_BINS), CALIBRATION_BINS - 1)
 
-    def __call__(self, p):
+    def __call__(self, rank, p):
         b = self._bin(p)
-        prior = (b + 0.5) / CALIBRATION_BINS
-        return (self.hits[b] + CALIBRATION_WEIGHT * prior) / (self.tries[b] + CALIBRATION_WEIGHT)
+        prior = self.ranks[rank] if self.ranks else (b + 0.5) / CALIBRATION_BINS
+        return (self.hits[rank][b] + CALIBRATION_WEIGHT * prior) / (self.tries[rank][b] + CALIBRATION_WEIGHT)
 
-    def record(self, p, accepted):
+    def record(self, rank, p, accepted):
         b = self._bin(p)
-        self.tries[b] += 1
-        self.hits[b] += accepted
+        self.tries[rank][b] += 1
+        self.hits[rank][b] += accepted
 
 
 @torch.inference_mode()
@@ -126,11 +131,12 @@ class Eagle(Proposer):
     """The EAGLE proposer for decode.speculative.generate.
 
     head: an EagleHead (or anything with its new_cache and forward); shape: "chain" or "tree";
-    size: guesses (chain) or nodes (tree) per round, or "auto"; costs: (r, c, seconds) of
+    size: guesses (chain) or nodes (tree) per round, or "auto"; ranks: the head's measured
+    accuracy at each sibling rank (saved with it), the calibration's prior; costs: (r, c, seconds) of
     measured_costs, needed by "auto". A head forward costs more inside propose than timed alone
     (the tree's bookkeeping around it), so "auto" times its own rounds and scales c to match."""
 
-    def __init__(self, head, shape="tree", size="auto", costs=None):
+    def __init__(self, head, shape="tree", size="auto", costs=None, ranks=None):
         self.head = head
         self.width = 1 if shape == "chain" else TREE_WIDTH
         self.sized = size == "auto"
@@ -143,7 +149,8 @@ class Eagle(Proposer):
             self.depth = min(size, MAX_DEPTH) if shape == "tree" else size
             self.max_candidates = size
         # what sizing has learnt, kept from one generation to the next (the same head)
-        self.calibration = Calibration()
+        self.calibration = Calibration(ranks)
+        self.probing = False
         self.outlook = 1.0  # recent rounds' predicted tokens per step, optimistic at first
         self.round, self.next_probe, self.probe_gap = 0, 0, FIRST_PROBE
 
@@ -152,7 +159,7 @@ class Eagle(Proposer):
         self.fed = None        # the head has read, or holds pending, the pairs of its window up to tokens[fed]
         self.pending = []      # pairs known but not read yet: chunks of (features (m, C), the m tokens after them)
         self.forwards = 0
-        self.judging = None    # (head probability, parent) of each candidate proposed this round
+        self.judging = None    # ((rank, head probability), parent) of each candidate proposed this round
 
     # ---- the head's cache ------------------------------------------------------------------------
 
@@ -170,9 +177,9 @@ class Eagle(Proposer):
         self.fed = len(tokens) - 1
         if self.judging is not None:  # each candidate whose parent held was judged on its own
             held = {0, *verdict.path}  # pass positions: the root, then candidate i at i + 1
-            for i, (p, parent) in enumerate(self.judging):
+            for i, ((rank, p), parent) in enumerate(self.judging):
                 if parent + 1 in held:
-                    self.calibration.record(p, i + 1 in held)
+                    self.calibration.record(rank, p, i + 1 in held)
             self.judging = None
 
     def _catch_up(self):
@@ -189,25 +196,28 @@ class Eagle(Proposer):
 
     def sitting_out(self):
         """True on the rounds a sized proposer skips, while its recent rounds predicted less than a
-        plain step's 1 token per step; it probes after 4 such rounds, then 8, ... at most 64."""
+        plain step's 1 token per step; it probes after 4 such rounds, then 8, ... at most 64. A
+        probe proposes its best tree even if none looks worth it: verdicts are what calibrate."""
         self.round += 1
+        self.probing = False
         if not self.sized or self.outlook >= 1:
             return False
         if self.round < self.next_probe:
             return True
         self.next_probe = self.round + self.probe_gap
         self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
+        self.probing = True
         return False
 
     def propose(self, tokens, max_depth, sampling, generator):
         if self.fed is None or self.sitting_out():
             return None
-        started = time.perf_counter()
         root_feature, root_logits = self._catch_up()
+        started = time.perf_counter()  # the expansions: the catch-up's size varies with the rounds sat out
         L = self.cache.length
         depth_limit = min(self.depth, max_depth)
-        # every node drafted: token, parent node (-1: the root), the head's probability, value (the
-        # calibrated probability that its path is accepted), depth, head scratch slot (or -1)
+        # every node drafted: token, parent node (-1: the root), (rank among its siblings, the head's
+        # probability), value (the calibrated chance that its path is accepted), depth, head scratch slot
         tok, parent, prob, value, depth, slot = [], [], [], [], [], []
         draws = []  # a sampled chain's q per guess
         frontier = [-1]  # nodes whose children come next
@@ -223,11 +233,11 @@ class Eagle(Proposer):
                 children = probs.topk(self.width, dim=-1).indices  # (frontier, width), likeliest first
             child_p = probs.gather(-1, children)
             for i, node in enumerate(frontier):
-                for x, p in zip(children[i].tolist(), child_p[i].tolist()):
+                for rank, (x, p) in enumerate(zip(children[i].tolist(), child_p[i].tolist())):
                     tok.append(x)
                     parent.append(node)
-                    prob.append(p)
-                    value.append((value[node] if node >= 0 else 1.0) * self.calibration(p))
+                    prob.append((rank, p))
+                    value.append((value[node] if node >= 0 else 1.0) * self.calibration(rank, p))
                     depth.append(d)
                     slot.append(-1)
             newest = range(len(tok) - len(frontier) * children.size(1), len(tok))
@@ -242,8 +252,8 @@ class Eagle(Proposer):
             forwards += 1
         self.cache.rollback(L)
         self.forwards += forwards - 1
-        if self.sized:  # c as this loop pays it: the seconds per forward, relative to the bare head's
-            paid = (time.perf_counter() - started) / forwards / self.head_seconds
+        if self.sized and forwards > 1:  # c as this loop pays it: seconds per expansion, against the bare head's
+            paid = (time.perf_counter() - started) / (forwards - 1) / self.head_seconds
             self.c = (1 - OUTLOOK_DECAY) * self.c + OUTLOOK_DECAY * self.bare_c * paid
         chosen = self._choose(value, depth, forwards)
         if not chosen:
@@ -286,7 +296,7 @@ class Eagle(Proposer):
         for v in ranked[:self.max_candidates]:
             gains.append(gains[-1] + value[v])
         rates = [(1 + gain) / (self.r[n] + forwards * self.c) for n, gain in enumerate(gains)]
-        best = max(range(len(rates)), key=rates.__getitem__)
+        best = max(range(1 if self.probing else 0, len(rates)), key=rates.__getitem__)
         self.outlook = (1 - OUTLOOK_DECAY) * self.outlook + OUTLOOK_DECAY * rates[best]
         if self.outlook >= 1:  # should it fall below, the first probe comes FIRST_PROBE rounds later
             self.probe_gap, self.next_probe = FIRST_PROBE, self.round + FIRST_PROBE

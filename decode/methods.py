@@ -114,7 +114,7 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
                   pool_from_prompt=False, typical=False, costs=None, eagle_head=None):
     """The proposer of `method` with `setting` (parse_setting's input; None = the default).
     draft_model: the draft GPT, for "draft"; heads: (MedusaHeads, their checkpoint dict), for
-    "medusa"; eagle_head: the EagleHead, for "eagle". sizing and pool_from_prompt are lookahead's options, typical Medusa's. costs: the
+    "medusa"; eagle_head: (EagleHead, its checkpoint dict), for "eagle". sizing and pool_from_prompt are lookahead's options, typical Medusa's. costs: the
     StoredCosts that the methods which size themselves to the machine read their costs from (by
     default they are measured now)."""
     value = parse_setting(method, METHODS[method].default if setting is None else setting)
@@ -136,8 +136,9 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
         return prompt_lookup.PromptLookup(*value)
     if method == "eagle":
         shape, size = value
-        measured = costs.get("eagle", lambda: eagle.measured_costs(target, eagle_head)) if size == "auto" else None
-        return eagle.Eagle(eagle_head, shape, size, costs=measured)
+        head, state = eagle_head
+        measured = costs.get("eagle", lambda: eagle.measured_costs(target, head)) if size == "auto" else None
+        return eagle.Eagle(head, shape, size, costs=measured, ranks=state.get("ranks"))
     module, state = heads
     if value == "saved":
         paths = state["tree"]

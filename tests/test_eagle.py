@@ -57,8 +57,9 @@ def test_the_head_reads_features_and_tokens_through_the_targets_own_embedding_an
 def test_training_lowers_the_losses_and_saves_the_accuracies(trained):
     head, state, untrained = trained
     assert state["feature_loss"] < untrained[0] and state["token_loss"] < untrained[1]
-    accuracies = state["accuracies"]
+    accuracies, ranks = state["accuracies"], state["ranks"]
     assert len(accuracies) == 4 and accuracies[0] > untrained[2][0] and accuracies[0] > 0.3
+    assert len(ranks) == 4 and ranks[0] == pytest.approx(accuracies[0]) and sum(ranks) <= 1  # rank 0 is top-1
     assert not any(p.requires_grad for p in TARGET.parameters())  # the target stays frozen
 
 
@@ -131,14 +132,14 @@ class CheckedEagle(Eagle):
         return candidates
 
 
-@pytest.mark.parametrize("shape, size", [("chain", 4), ("tree", 12)])
+@pytest.mark.parametrize("shape, size", [("chain", 4), ("tree", 12), ("tree", "auto")])
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0)])
 def test_both_caches_equal_fresh_prefills_after_every_round(trained, shape, size, sampling):
     recorder = RecordingTarget(TARGET)
-    proposer = CheckedEagle(trained[0], shape, size)
+    proposer = CheckedEagle(trained[0], shape, size, COSTS, ranks=trained[1]["ranks"])
     proposer.recorder, proposer.checked = recorder, 0
     _, stats = generate(recorder, [3, 1, 4], 70, sampling, torch.Generator().manual_seed(0), proposer=proposer)
-    assert proposer.checked > 10 and stats.accepted > 5
+    assert proposer.checked > 5 and stats.accepted > 0  # a sized tree sits out some rounds
 
 
 def test_a_dynamic_tree_holds_the_most_confident_nodes_parents_first(trained):
