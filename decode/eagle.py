@@ -36,7 +36,7 @@ where n = 0 may win: the round then proposes nothing. When the recent rounds' pr
 running mean) fall below 1, the proposer stops drafting, and catching up, and tries again after 4
 rounds, then 8, ... at most 64: where nothing pays, the loop is plain decoding. c is the head
 forward's cost as the loop pays it: timed alone at start-up, then scaled by the proposer's own
-timing of its rounds.
+timing of its expansions. A probe proposes at least one node: verdicts are what calibrate.
 """
 import heapq
 import time
