@@ -234,6 +234,13 @@ def estimate_loss(model, split, opt, block_size, device):
     return sum(losses) / len(losses)
 
 
+def rank_counts(logits, truth, top):
+    """How often the true token (...) is the (i+1)-th likeliest under logits (..., V), for i < top:
+    the rank of a token is the number of tokens with higher logits."""
+    rank = (logits > logits.gather(-1, truth[..., None])).sum(-1)
+    return torch.bincount(rank.flatten().cpu(), minlength=top)[:top]
+
+
 @torch.no_grad()
 def evaluate_heads(target, heads, val, batch_size, block_size, eval_iters, device):
     """(target's val loss, each head's val loss, accuracies) over eval_iters fixed val batches.
@@ -253,9 +260,8 @@ def evaluate_heads(target, heads, val, batch_size, block_size, eval_iters, devic
         ce += torch.tensor([loss.item() for loss in head_losses(head_logits, y)])
         for d, logits_d in enumerate(head_logits):
             logits_d, truth = logits_d[:, :-(d + 1)], y[:, d + 1:]  # (B, T-d-1, V), (B, T-d-1)
-            rank = (logits_d > logits_d.gather(-1, truth[..., None])).sum(-1)  # tokens the head prefers
-            hits[d] += torch.bincount(rank.flatten().cpu(), minlength=TOP)[:TOP]
-            positions[d] += rank.numel()
+            hits[d] += rank_counts(logits_d, truth, TOP)
+            positions[d] += truth.numel()
     target.train(was_training)
     heads.train()
     return lm / eval_iters, (ce / eval_iters).tolist(), (hits / positions[:, None]).tolist()
@@ -359,9 +365,7 @@ def evaluate_eagle(target, head, val, batch_size, block_size, eval_iters, device
                         dtype=features.dtype, device=device)
         predicted, head_logits = head(features[:, :-1], x[:, 1:], cache)  # depth 1, over the real pairs
         cache.commit()
-        truth = best[:, 1:, None]  # (B, n, 1)
-        rank = (head_logits > head_logits.gather(-1, truth)).sum(-1)  # tokens the head prefers to the target's
-        rank_hits += torch.bincount(rank.flatten().cpu(), minlength=TREE_WIDTH)[:TREE_WIDTH]
+        rank_hits += rank_counts(head_logits, best[:, 1:], TREE_WIDTH)
         for d in range(1, EAGLE_DEPTHS + 1):
             valid = n - d + 1  # row t guesses the token at t+d+1, which the target predicts at t+d
             hits[d - 1] += (head_logits[:, :valid].argmax(-1) == best[:, d:d + valid]).sum().item()

@@ -96,8 +96,7 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
         stats.judged += verdict.judged
         stats.accepted += len(verdict.path)
         if candidates:
-            stats.record_depths(len(candidates) if candidates.is_chain() else max(candidates.depths()),
-                                len(verdict.path))
+            stats.record_depths(max(candidates.depths()), len(verdict.path))
         t4 = clock()
         proposer.update(tokens, verdict, logits, hidden)
         t5 = clock()

@@ -224,9 +224,9 @@ SETTINGS = {
 }
 
 
-def assert_samples_exactly(make_proposer, sampling, n=N):
+def assert_samples_exactly(make_proposer, sampling, n=N, seed=0):
     """n decoded continuations fit the exact joint: chi-square and total variation both pass."""
-    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling, n)
+    stat, critical, tv, tv_limit = sampled_fit(make_proposer, sampling, n, seed=seed)
     assert stat < critical and tv < tv_limit, f"chi-square {stat:.0f} (< {critical:.0f}), TV {tv:.3f} (< {tv_limit:.3f})"
 
 
