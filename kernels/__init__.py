@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from kernels.reference import reference_attention
+from kernels.reference import keys_mask, reference_attention
 
 BACKENDS = ("auto", "triton", "torch")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -35,21 +35,22 @@ def set_backend(name):
     _backend = name
 
 
-def attention(q, k, v, mask=None, backend=None):
+def attention(q, k, v, mask=None, lengths=None, backend=None):
     """Attention of n new queries over P cached + n new keys; see kernels/reference.py for the contract.
-    q: (B, H, n, D); k, v: (B, H, P+n, D); mask: None (causal), bool (n, n) among the new positions,
-    or bool (n, P+n) over every key. Returns (B, H, n, D)."""
+    q: (B, H, n, D); k, v: (B, H, P+n, D); mask: None (causal), bool (n, n) or (B, n, n) among the new
+    positions, or bool (n, P+n) over every key; lengths: None or (B,), each row's own prefix length.
+    Returns (B, H, n, D)."""
     backend = backend or _backend
     if mask is not None and mask.size(-1) != q.size(-2):
         backend = "torch"  # a mask over every key is the static-shape path's, which the reference serves
     if backend == "auto":
         backend = "triton" if q.is_cuda and q.dtype in TRITON_DTYPES and triton_usable(q.device) else "torch"
     if backend == "torch":
-        return reference_attention(q, k, v, mask)
+        return reference_attention(q, k, v, mask, lengths)
     if backend != "triton":
         raise ValueError(f"unknown attention backend {backend!r}; backends: {', '.join(BACKENDS)}")
     from kernels.triton_attention import triton_attention
-    return triton_attention(q, k, v, mask)
+    return triton_attention(q, k, v, mask, lengths)
 
 
-__all__ = ["attention", "reference_attention", "set_backend", "triton_installed", "triton_usable", "BACKENDS"]
+__all__ = ["attention", "keys_mask", "reference_attention", "set_backend", "triton_installed", "triton_usable", "BACKENDS"]

@@ -8,18 +8,37 @@ fully visible; only the n x n block among the new positions is masked.
     queries  +-----------------+-----------+
     new (n)  |   all visible   |   mask    |
              +-----------------+-----------+
+
+In a batch whose rows have committed different lengths (batched decoding), row b's prefix is its
+first P_b keys and its n new keys follow at once; the keys past P_b + n are another row's business
+(`lengths`, below).
 """
 import torch
 import torch.nn.functional as F
 
 
-def reference_attention(q, k, v, mask=None):
+def keys_mask(lengths, inner, total):
+    """Which of `total` keys each new position sees, when the new keys follow a committed prefix of
+    `lengths` keys: the prefix, then what `inner` (bool (n, n) or (B, n, n)) allows among the new.
+    lengths: a 0-d tensor (one prefix for every row) or (B,). Returns bool (n, total) or (B, n, total)."""
+    n = inner.size(-1)
+    key = torch.arange(total, device=inner.device)
+    offset = key - lengths[..., None]  # a key's place among the new positions: (total,) or (B, total)
+    new = (offset >= 0) & (offset < n)
+    inner = inner.expand(*offset.shape[:-1], n, n)
+    seen = torch.gather(inner, -1, offset.clamp(0, n - 1)[..., None, :].expand(*offset.shape[:-1], n, total))
+    return (offset < 0)[..., None, :] | (new[..., None, :] & seen)
+
+
+def reference_attention(q, k, v, mask=None, lengths=None):
     """Scaled dot-product attention of n new queries over P prefix + n new keys.
 
     q: (B, H, n, D); k, v: (B, H, P+n, D), the cached prefix followed by the n new positions.
-    mask: None for causal among the new positions, or a bool (n, n) tensor, True = may attend,
-        or a bool (n, P+n) tensor over every key (the static-shape path's, model/compiled.py: its
-        cache is read whole, so the mask, not the slice, says where the prefix ends).
+    mask: None for causal among the new positions, or a bool (n, n) tensor, True = may attend (or
+        (B, n, n), a mask per row), or a bool (n, P+n) tensor over every key (the static-shape path's,
+        model/compiled.py: its cache is read whole, so the mask, not the slice, says where the prefix ends).
+    lengths: None, or (B,) integers, each row's own prefix P_b <= P: its new keys are k[b, :, P_b:P_b+n]
+        and the keys after them are not its own.
     Each row of the mask must allow at least one key when P == 0 (tree masks always allow the diagonal).
     Returns (B, H, n, D).
     """
@@ -27,6 +46,15 @@ def reference_attention(q, k, v, mask=None):
     prefix = total - n
     if prefix < 0 or v.shape != k.shape or q.shape[:2] != k.shape[:2] or q.size(-1) != k.size(-1):
         raise ValueError(f"attention: q {tuple(q.shape)} does not fit k {tuple(k.shape)} / v {tuple(v.shape)}")
+    if lengths is not None or (mask is not None and mask.dim() == 3):
+        if mask is not None and (mask.dtype != torch.bool or mask.shape[-2:] != (n, n)):
+            raise ValueError(f"attention: a mask with per-row lengths must be bool (n, n) or (B, n, n), "
+                             f"got {mask.dtype} {tuple(mask.shape)}")
+        if lengths is None:
+            lengths = torch.full((q.size(0),), prefix, device=q.device)
+        inner = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() if mask is None else mask
+        full = keys_mask(lengths, inner, total)  # (B, n, P+n)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=full[:, None])
     if mask is None:
         if n == 1:  # a lone query sees everything: no mask at all
             return F.scaled_dot_product_attention(q, k, v)

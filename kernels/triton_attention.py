@@ -13,6 +13,9 @@ Phase 1 covers the whole prefix (every query sees it) and, when causal, the new 
 of the block sees (keys below P + m); it needs no mask and no bounds checks. Phase 2 covers the
 causal band (blocks past the band are never visited) or, with a tree mask, every new position.
 
+Batched decoding gives each row its own committed length P_b (read from `Lengths`): the row's new
+keys start at P_b, and its walk ends at P_b + n, never reaching keys that are another row's business.
+
 Split-K ("flash decoding"): with few queries and a long prefix, one (batch, head) would leave
 most of the GPU idle, so the keys are cut into SPLITS ranges, one program each; each writes its
 normalized partial output and log-sum-exp, and `merge_splits` combines them.
@@ -53,19 +56,20 @@ def _online_softmax_step(s, v, m_i, l_i, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def _attention_kernel(
-    Q, K, V, Out, Lse, Mask,
+    Q, K, V, Out, Lse, Mask, Lengths,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_os, stride_on, stride_od,
-    stride_mq, stride_mk,
-    H, N_NEW, PREFIX, KEYS_PER_SPLIT, scale_log2,
+    stride_mb, stride_mq, stride_mk,
+    H, N_NEW, KEYS_PER_SPLIT, scale_log2,
     TUNE_N, TUNE_KEYS,  # autotuning keys only
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = pid_bh // H, pid_bh % H
+    PREFIX = tl.load(Lengths + b)  # this row's committed length
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # new positions owned by this program
     dims = tl.arange(0, BLOCK_D)
     row_ok = rows < N_NEW
@@ -111,7 +115,7 @@ def _attention_kernel(
             visible = new[None, :] <= rows[:, None]
         else:
             is_new = (new >= 0) & key_ok
-            tree = tl.load(Mask + rows[:, None] * stride_mq + new[None, :] * stride_mk,
+            tree = tl.load(Mask + b * stride_mb + rows[:, None] * stride_mq + new[None, :] * stride_mk,
                            mask=row_ok[:, None] & is_new[None, :], other=0)
             visible = (new[None, :] < 0) | (tree != 0)
         s = tl.where(visible & key_ok[None, :], s, float("-inf"))
@@ -155,12 +159,15 @@ def merge_splits(partial, lse):
     return (partial * weight[..., None]).sum(2) / weight.sum(2)[..., None]
 
 
-def triton_attention(q, k, v, mask=None, num_splits=None, block_m=None, block_n=None):
+def triton_attention(q, k, v, mask=None, lengths=None, num_splits=None, block_m=None, block_n=None):
     """kernels.attention on the Triton kernel; same contract. num_splits forces split-K (tests);
     block_m / block_n fix the tile sizes (the interpreter; the GPU autotunes)."""
     B, H, n, D = q.shape
     total = k.size(2)
-    prefix = total - n
+    if lengths is None:
+        lengths = torch.full((B,), total - n, dtype=torch.int32, device=q.device)
+    else:
+        lengths = lengths.to(device=q.device, dtype=torch.int32)
     autotune = q.device.type == "cuda" and block_m is None
     if block_m is None and not autotune:  # the interpreter: small tiles, many of them
         block_m, block_n = 16, 16
@@ -175,12 +182,12 @@ def triton_attention(q, k, v, mask=None, num_splits=None, block_m=None, block_n=
         out = torch.empty(B, H, splits, n, D, dtype=torch.float32, device=q.device)
         o_strides = out.stride()
     if mask is None:
-        mask_arg, mask_strides = q, (0, 0)  # never read
+        mask_arg, mask_strides = q, (0, 0, 0)  # never read
     else:
         mask_arg = mask.to(device=q.device, dtype=torch.int8)
-        mask_strides = mask_arg.stride()
-    args = (q, k, v, out, lse, mask_arg, *q.stride(), *k.stride(), *v.stride(), *o_strides, *mask_strides,
-            H, n, prefix, keys_per_split, math.log2(math.e) / math.sqrt(D),
+        mask_strides = (mask_arg.stride(0) if mask.dim() == 3 else 0, *mask_arg.stride()[-2:])
+    args = (q, k, v, out, lse, mask_arg, lengths, *q.stride(), *k.stride(), *v.stride(), *o_strides, *mask_strides,
+            H, n, keys_per_split, math.log2(math.e) / math.sqrt(D),
             triton.next_power_of_2(n), triton.next_power_of_2(total))
     constants = dict(HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), CAUSAL=mask is None,
                      IEEE=q.dtype == torch.float32)

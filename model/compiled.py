@@ -57,6 +57,9 @@ class _StaticCacheView:
         self.v[layer].index_copy_(2, self.slots, v_new)
         return self.k[layer], self.v[layer]  # (B, nh, capacity, hs)
 
+    def row_lengths(self):
+        return None  # the mask over every key already says where the prefix ends
+
 
 class StaticPass(nn.Module):
     """One padded pass of b tokens, every input a tensor of fixed shape: what gets compiled."""
@@ -69,12 +72,8 @@ class StaticPass(nn.Module):
         """idx (1, b), pos (b,); prefix: 0-d tensor, the committed length; inner: bool (b, b), who
         sees whom among the new tokens; k, v: the cache's tensors, written in place.
         Returns logits (1, b, vocab) and final hidden states (1, b, C)."""
-        b = idx.size(1)
-        key = torch.arange(k.size(3), device=idx.device)  # (capacity,)
-        offset = key - prefix  # a key's place among the new tokens
-        new = (offset >= 0) & (offset < b)
-        mask = (key < prefix)[None, :] | (new[None, :] & inner[:, offset.clamp(0, b - 1)])  # (b, capacity)
-        slots = prefix + torch.arange(b, device=idx.device)
+        mask = kernels.keys_mask(prefix, inner, k.size(3))  # (b, capacity)
+        slots = prefix + torch.arange(idx.size(1), device=idx.device)
         return self.model(idx, _StaticCacheView(k, v, slots), pos=pos, mask=mask, return_hidden=True)
 
 

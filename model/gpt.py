@@ -53,9 +53,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        lengths = None
         if cache is not None:
+            lengths = cache.row_lengths()  # (B,) when the batch rows hold different lengths, else None
             k, v = cache.write(self.layer_idx, k, v)  # (B, nh, P+T, hs): committed prefix + new
-        y = attention(q, k, v, mask)  # (B, nh, T, hs)
+        y = attention(q, k, v, mask, lengths)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -130,16 +132,20 @@ class GPT(nn.Module):
     def forward(self, idx, cache=None, pos=None, mask=None, return_hidden=False):
         """Logits (B, n, vocab) for n new tokens idx (B, n).
 
-        cache: the committed prefix (length P) the new tokens follow; their K/V are written to its
-            scratch space and stay there until `cache.commit` keeps them.
+        cache: the committed prefix (length P, or P_b for batch row b) the new tokens follow; their
+            K/V are written to its scratch space and stay there until `cache.commit` keeps them.
         pos: position ids (n,) or (B, n); default P, P+1, ..., P+n-1.
-        mask: bool (n, n), True = may attend, among the new tokens; default causal.
+        mask: bool (n, n) or (B, n, n), True = may attend, among the new tokens; default causal.
         return_hidden: also return the final hidden states (B, n, n_embd), after ln_f.
         """
         B, n = idx.size()
         if pos is None:
-            prefix = 0 if cache is None else cache.length
-            pos = torch.arange(prefix, prefix + n, device=idx.device)  # (n,)
+            lengths = None if cache is None else cache.row_lengths()
+            if lengths is None:
+                prefix = 0 if cache is None else cache.length
+                pos = torch.arange(prefix, prefix + n, device=idx.device)  # (n,)
+            else:  # each row goes on from its own length
+                pos = lengths[:, None] + torch.arange(n, device=idx.device)  # (B, n)
         if not torch.compiler.is_compiling():  # a graph cannot read a tensor's value: compiled.py checks first
             self.check_positions(pos)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, n, C)

@@ -11,6 +11,10 @@ Plain decoding commits everything it wrote; a speculative verifier commits only 
 root-to-leaf path of its candidate tree. `rollback` truncates to a shorter committed length (a draft
 model throwing away its rejected guesses). Slots past `length` are never read as context, so dropped
 entries need no clearing: the next forward overwrites them.
+
+In a batch each row keeps its own committed length (batched decoding: prompts of different lengths,
+and speculation accepting different paths in each row). A forward writes every row's n new entries
+right after that row's own prefix, and commit takes a list of entries to keep per row.
 """
 import torch
 
@@ -21,40 +25,99 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, capacity, hs)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
-        self.length = 0   # committed entries, shared by every layer and batch row
-        self.pending = 0  # scratch entries written by the last forward, waiting for commit
+        self.lengths = [0] * batch_size  # committed entries of each batch row, in every layer
+        self.pending = 0  # scratch entries written by the last forward (in every row), waiting for commit
+        self._row_lengths = None  # self.lengths as a tensor, while the rows differ
+
+    @property
+    def length(self):
+        """The committed length, when every row has the same (always, for a single sequence)."""
+        if len(self.lengths) > 1 and self.ragged:
+            raise RuntimeError(f"the batch rows hold different lengths {self.lengths}; read lengths")
+        return self.lengths[0]
+
+    @property
+    def ragged(self):
+        return min(self.lengths) != max(self.lengths)
+
+    def row_lengths(self):
+        """Each row's committed length as a (B,) tensor when the rows differ, else None: attention
+        then has to be told where each row's own keys end (kernels.attention's `lengths`)."""
+        if self._row_lengths is None and self.ragged:
+            self._row_lengths = torch.tensor(self.lengths, device=self.k.device)
+        return self._row_lengths
 
     def write(self, layer, k_new, v_new):
-        """Store a forward's n new entries (B, nh, n, hs) as scratch for `layer`.
-        Returns the keys and values of the prefix plus the new entries: (B, nh, length + n, hs)."""
+        """Store a forward's n new entries (B, nh, n, hs) as scratch for `layer`, each row's right
+        after its committed prefix. Returns the keys and values up to the longest row's last new
+        entry: (B, nh, max(lengths) + n, hs)."""
         n = k_new.size(2)
-        end = self.length + n
+        end = max(self.lengths) + n
         if end > self.capacity:
             raise RuntimeError(
-                f"KV cache overflow: {self.length} committed + {n} new entries > capacity {self.capacity}")
-        self.k[layer, :, :, self.length:end] = k_new
-        self.v[layer, :, :, self.length:end] = v_new
+                f"KV cache overflow: {max(self.lengths)} committed + {n} new entries > capacity {self.capacity}")
+        lengths = self.row_lengths()
+        if lengths is None:
+            start = self.lengths[0]
+            self.k[layer, :, :, start:end] = k_new
+            self.v[layer, :, :, start:end] = v_new
+        else:
+            rows = torch.arange(len(self.lengths), device=lengths.device)[:, None]
+            slots = lengths[:, None] + torch.arange(n, device=lengths.device)  # (B, n)
+            # advanced indices split by a slice put their dims first: the target is (B, n, nh, hs)
+            self.k[layer][rows, :, slots] = k_new.transpose(1, 2)
+            self.v[layer][rows, :, slots] = v_new.transpose(1, 2)
         self.pending = n
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def commit(self, keep=None):
         """Append the scratch entries `keep` (indices 0..pending-1, in the order given) to the
-        committed prefix and drop the rest. keep=None keeps everything the last forward wrote."""
-        keep = list(range(self.pending)) if keep is None else [int(i) for i in keep]
+        committed prefix and drop the rest. keep=None keeps everything the last forward wrote; a
+        list of indices applies to every row; a list of B such lists gives each row its own."""
+        if keep is None:
+            keep = list(range(self.pending))
+        if keep and isinstance(keep[0], list):
+            if len(keep) != len(self.lengths):
+                raise ValueError(f"commit: {len(keep)} lists of entries for {len(self.lengths)} batch rows")
+            for row, row_keep in enumerate(keep):
+                self._keep(row_keep, row)
+        elif self.ragged:
+            for row in range(len(self.lengths)):
+                self._keep(keep, row)
+        else:
+            self._keep(keep)
+        self.pending = 0
+        self._row_lengths = None
+
+    def _keep(self, keep, row=None):
+        """Move the scratch entries `keep` to the end of the committed prefix of one row (or of
+        every row, when they all have the same length)."""
+        keep = [int(i) for i in keep]
         if len(set(keep)) != len(keep) or any(not 0 <= i < self.pending for i in keep):
             raise ValueError(f"commit: indices {keep} must be distinct and within the {self.pending} scratch entries")
-        start = self.length
+        rows = slice(None) if row is None else row
+        start = self.lengths[0 if row is None else row]
         if keep != list(range(len(keep))):  # a prefix of the scratch is already in place
             src = torch.tensor(keep, device=self.k.device) + start
             # advanced indexing copies the gathered entries first, so sources and targets may overlap
-            self.k[:, :, :, start:start + len(keep)] = self.k[:, :, :, src]
-            self.v[:, :, :, start:start + len(keep)] = self.v[:, :, :, src]
-        self.length = start + len(keep)
-        self.pending = 0
+            self.k[:, rows, :, start:start + len(keep)] = self.k[:, rows, :, src]
+            self.v[:, rows, :, start:start + len(keep)] = self.v[:, rows, :, src]
+        for r in range(len(self.lengths)) if row is None else [row]:
+            self.lengths[r] = start + len(keep)
 
-    def rollback(self, length):
-        """Forget everything after the first `length` committed entries."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback: length {length} is outside [0, {self.length}]")
-        self.length = length
+    def rollback(self, length, row=None):
+        """Forget everything after the first `length` committed entries (of one batch row, or all)."""
+        rows = range(len(self.lengths)) if row is None else [row]
+        if not all(0 <= length <= self.lengths[r] for r in rows):
+            raise ValueError(f"rollback: length {length} is outside [0, {min(self.lengths[r] for r in rows)}]")
+        for r in rows:
+            self.lengths[r] = length
         self.pending = 0
+        self._row_lengths = None
+
+    def select_rows(self, rows):
+        """Keep only the batch rows `rows` (indices, in order): finished sequences stop costing work."""
+        index = torch.tensor(rows, device=self.k.device)
+        self.k, self.v = self.k[:, index].contiguous(), self.v[:, index].contiguous()
+        self.lengths = [self.lengths[r] for r in rows]
+        self._row_lengths = None

@@ -11,6 +11,7 @@ if not torch.cuda.is_available():  # the Triton kernel runs on the CPU under its
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
 
 from model.gpt import GPT, GPTConfig
+from model.kv_cache import KVCache
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT / "tests" / "data" / "shakespeare.txt"  # the first 60 KB of tiny Shakespeare
@@ -39,6 +40,13 @@ def assert_matches_prefill(model, cache, tokens):
     assert cache.length == len(tokens)
     torch.testing.assert_close(cache.k[..., :cache.length, :], fresh.k[..., :fresh.length, :], rtol=0, atol=1e-10)
     torch.testing.assert_close(cache.v[..., :cache.length, :], fresh.v[..., :fresh.length, :], rtol=0, atol=1e-10)
+
+
+def cache_row(cache, b):
+    """Batch row b of `cache` as a one-row cache over the same storage, to hold against a prefill."""
+    row = KVCache(1, 1, 1, 1, 1)
+    row.k, row.v, row.lengths = cache.k[:, b:b + 1], cache.v[:, b:b + 1], [cache.lengths[b]]
+    return row
 
 
 def run_cli(*args, timeout=120, env=None):

@@ -28,6 +28,25 @@ def test_matches_definition(n, prefix):
     torch.testing.assert_close(reference_attention(q, k, v, tree), naive_attention(q, k, v, tree))
 
 
+@pytest.mark.parametrize("n", [1, 4])
+def test_rows_with_their_own_prefix_lengths_attend_as_if_alone(n):
+    """Batched decoding: row b's prefix is its first lengths[b] keys, its n new keys follow at once,
+    and what lies after them (another row's longer prefix) is not seen."""
+    gen = torch.Generator().manual_seed(n)
+    lengths = torch.tensor([0, 5, 9])
+    q = torch.randn(3, 2, n, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(3, 2, 9 + n, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(3, 2, 9 + n, 8, generator=gen, dtype=torch.float64)
+    trees = torch.rand(3, n, n, generator=gen) < 0.5
+    trees |= torch.eye(n, dtype=torch.bool)
+    for mask in (None, trees[1], trees):  # causal, one mask for every row, a mask per row
+        out = reference_attention(q, k, v, mask, lengths)
+        for b, length in enumerate(lengths.tolist()):
+            alone = slice(b, b + 1), slice(None), slice(0, length + n)
+            row_mask = torch.ones(n, n, dtype=torch.bool).tril() if mask is None else mask if mask.dim() == 2 else mask[b]
+            torch.testing.assert_close(out[b:b + 1], naive_attention(q[b:b + 1], k[alone], v[alone], row_mask))
+
+
 def test_strided_cache_views_are_fine():
     cache_k = torch.randn(1, 2, 40, 8, dtype=torch.float64)  # a cache slot bigger than what is in use
     cache_v = torch.randn(1, 2, 40, 8, dtype=torch.float64)

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from model.kv_cache import KVCache
-from tests.conftest import assert_matches_prefill, tiny_model
+from tests.conftest import assert_matches_prefill, cache_row, tiny_model
 from tests.test_model import path_to, tree_mask_and_depths
 
 MODEL = tiny_model(block_size=48)
@@ -74,3 +74,70 @@ def test_bad_commit_and_rollback_are_refused():
     assert cache.length == 2
     with pytest.raises(ValueError):
         cache.rollback(3)
+
+
+def padded_batch(rows):
+    """One pass for rows of different sizes: each row's (tokens, parents) padded to the longest with
+    tokens that see only themselves. Returns idx (B, n), each row's tree mask (B, n, n) and depths (B, n)."""
+    n = max(len(tokens) for tokens, _ in rows)
+    idx = torch.zeros(len(rows), n, dtype=torch.long)
+    masks = torch.eye(n, dtype=torch.bool).repeat(len(rows), 1, 1)
+    depths = torch.zeros(len(rows), n, dtype=torch.long)
+    for b, (tokens, parents) in enumerate(rows):
+        mask, depth = tree_mask_and_depths(list(parents))
+        idx[b, :len(tokens)] = torch.tensor(tokens)
+        masks[b, :len(tokens), :len(tokens)] = mask
+        depths[b, :len(tokens)] = depth
+    return idx, masks, depths
+
+
+@settings(max_examples=25, deadline=None)
+@given(prompts=st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=8), min_size=3, max_size=3),
+       rounds=st.lists(st.lists(round_strategy, min_size=3, max_size=3), max_size=4))
+@torch.no_grad()
+def test_batch_rows_of_different_lengths_are_each_decoded_as_if_alone(prompts, rounds):
+    """A batch whose rows commit different numbers of entries: every pass gives each row the logits
+    it would get alone, and each row's cache stays a fresh prefill of its own tokens."""
+    cache = MODEL.new_cache(batch_size=3)
+    alone = [MODEL.new_cache() for _ in prompts]
+    committed = [list(p) for p in prompts]
+    # the prompts as a first pass of causal chains of different lengths, each row keeping its own
+    idx, masks, depths = padded_batch([(p, list(range(-1, len(p) - 1))) for p in prompts])
+    MODEL(idx, cache, pos=depths, mask=masks)
+    cache.commit([list(range(len(p))) for p in prompts])
+    for row_cache, p in zip(alone, prompts):
+        MODEL(torch.tensor([p]), row_cache)
+        row_cache.commit()
+    for batch_round in rounds:
+        for b, (_, _, _, back) in enumerate(batch_round):
+            cache.rollback(max(0, cache.lengths[b] - back), row=b)
+            alone[b].rollback(cache.lengths[b])
+            committed[b] = committed[b][:cache.lengths[b]]
+        idx, masks, depths = padded_batch([(tokens, parents) for tokens, parents, _, _ in batch_round])
+        logits = MODEL(idx, cache, pos=torch.tensor(cache.lengths)[:, None] + depths, mask=masks)
+        keep = []
+        for b, (tokens, parents, node, _) in enumerate(batch_round):
+            mask, depth = tree_mask_and_depths(list(parents))
+            expected = MODEL(torch.tensor([tokens]), alone[b], pos=alone[b].length + depth, mask=mask)
+            torch.testing.assert_close(logits[b:b + 1, :len(tokens)], expected, rtol=0, atol=1e-10)
+            path = [] if node is None else path_to(list(parents), node)
+            alone[b].commit(path)
+            keep.append(path)
+            committed[b] += [tokens[i] for i in path]
+        cache.commit(keep)
+        for b in range(3):
+            assert_cache_is_fresh_prefill(cache_row(cache, b), committed[b])
+
+
+@torch.no_grad()
+def test_finished_rows_are_dropped_from_the_batch():
+    cache = MODEL.new_cache(batch_size=3)
+    idx, masks, depths = padded_batch([([1, 2, 3], [-1, 0, 1]), ([4], [-1]), ([5, 6], [-1, 0])])
+    MODEL(idx, cache, pos=depths, mask=masks)
+    cache.commit([[0, 1, 2], [0], [0, 1]])
+    cache.select_rows([0, 2])
+    assert cache.lengths == [3, 2] and cache.k.size(1) == 2
+    MODEL(torch.tensor([[7], [8]]), cache)  # a ragged decode step: each row at its own position
+    cache.commit()
+    for b, tokens in enumerate([[1, 2, 3, 7], [5, 6, 8]]):
+        assert_cache_is_fresh_prefill(cache_row(cache, b), tokens)

@@ -74,6 +74,22 @@ def test_head_dims_that_are_not_powers_of_two_are_padded(head_dim):
     check(5, 20, head_dim, 1, "random", torch.float32)
 
 
+@pytest.mark.parametrize("n,kind", [(1, "causal"), (5, "causal"), (6, "random"), (9, "medusa")])
+@pytest.mark.parametrize("num_splits", [None, 2])
+def test_rows_with_their_own_prefix_lengths(n, kind, num_splits):
+    """Ragged lengths, a row of length 0, a mask per row: the kernel reads each row's length and
+    stops at its own last key."""
+    gen = torch.Generator().manual_seed(n)
+    lengths = torch.tensor([0, 140, 3, 257])
+    q = torch.randn(4, 2, n, 32, generator=gen)
+    k = torch.randn(4, 2, 257 + n, 32, generator=gen)
+    v = torch.randn(4, 2, 257 + n, 32, generator=gen)
+    masks = [None] if kind == "causal" else [make_mask(kind, n, gen), torch.stack([make_mask(kind, n, gen) for _ in range(4)])]
+    for mask in masks:
+        out = triton_attention(q, k, v, mask, lengths, num_splits=num_splits)
+        torch.testing.assert_close(out, reference_attention(q, k, v, mask, lengths), rtol=1e-5, atol=1e-5)
+
+
 def test_strided_cache_views():
     cache = torch.randn(2, 1, 2, 80, 16)  # (L, B, nh, capacity, hs), as model/kv_cache.py holds it
     q = torch.randn(1, 2, 4, 16)
