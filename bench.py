@@ -24,17 +24,18 @@ rounds spent their time, a third how often candidates were accepted at each dept
 import json
 import os
 import sys
+import time
 
 import torch
 
 import cli
 from data import read_text, split_text
-from decode import Plain, generate
+from decode import Plain
 from decode.cost import cost_curve, forward_seconds, profile_prefix
 from decode.draft import AUTO_K_MAX, predicted_speedup
 from decode.eagle import head_seconds
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
-from decode.speculative import PHASES
+from decode.speculative import PHASES, generate_batch
 from decode.stats import DecodeStats
 from model.checkpoint import load_model
 from model.eagle import load_eagle
@@ -49,6 +50,7 @@ ROWS = {  # the settings benchmarked by default, one row each
     "eagle": ["chain:4", "tree:8", "tree:16", "tree:auto"],
 }
 NOISE_ROW = "none again (noise)"
+MAX_BATCH = 256
 ALPHAS = (0.6, 0.7, 0.8)  # acceptance rates at which --profile predicts a draft's speedup (it measures none)
 DEPTHS = 4  # depths at which each row's acceptance is reported
 
@@ -65,7 +67,13 @@ def parse_args(argv=None):
     p.add_argument("--sized", action="store_true",
                    help="also a sized (--sizing auto) lookahead row for each --lookahead W,N,G; the sized "
                         "default row runs always")
-    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="held-out prompts (default 8; with --batch-sizes, the largest batch size)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", metavar="B",
+                   help="decode the prompts in batches of each size B, one batch per row at a time: total "
+                        "tokens/s and speedup per batch size, predicted from the batch's own cost curve (a "
+                        "pass of B rows x n tokens over B x 1); each method runs its default setting unless "
+                        "its flag says otherwise")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt length in tokens (default 64)")
     cli.add_sampling_args(p, temperature=0.0)
     p.set_defaults(max_new_tokens=128)
@@ -96,21 +104,30 @@ def held_out_prompts(tokenizer, text, n, length, seed):
     return [val[s:s + length] for s in starts]
 
 
-def run_interleaved(model, proposers, prompts, sampling, max_new_tokens, seed):
-    """(total DecodeStats per row, each row's outputs in prompt order), for rows {label: proposer}
-    interleaved round-robin over the prompts."""
-    labels = list(proposers)
+def run_interleaved(model, rows, prompts, sampling, max_new_tokens, seed, batch_size=1):
+    """For rows {label: a function making its proposer}, decode the prompts in batches of
+    batch_size, the rows interleaved round-robin over the batches. Returns (total DecodeStats per
+    row, each row's outputs in prompt order, each row's wall seconds). Each row keeps batch_size
+    proposers for the whole run, as a user's decoder would (some learn as they go)."""
+    labels = list(rows)
+    proposers = {label: [rows[label]() for _ in range(batch_size)] for label in labels}
     totals = {label: DecodeStats() for label in labels}
-    outputs = {label: [None] * len(prompts) for label in labels}
+    outputs = {label: [] for label in labels}
+    seconds = dict.fromkeys(labels, 0.0)
+    batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
     for label in labels:  # warm-up: first calls pay for allocation
-        generate(model, prompts[0], 4, sampling, proposer=proposers[label])
-    for i, prompt in enumerate(prompts):
+        generate_batch(model, batches[0], 4, sampling, proposers=proposers[label][:len(batches[0])])
+    for i, batch in enumerate(batches):
         for label in labels[i % len(labels):] + labels[:i % len(labels)]:
             generator = torch.Generator(model.lm_head.weight.device).manual_seed(seed + i)  # same draws for all
-            outputs[label][i], stats = generate(model, prompt, max_new_tokens, sampling, generator,
-                                                proposer=proposers[label])
-            totals[label] += stats
-    return totals, outputs
+            started = time.perf_counter()
+            new, stats = generate_batch(model, batch, max_new_tokens, sampling, generator,
+                                        proposers=proposers[label][:len(batch)])
+            seconds[label] += time.perf_counter() - started
+            outputs[label] += new
+            for row_stats in stats:
+                totals[label] += row_stats
+    return totals, outputs, seconds
 
 
 def machine(header):
@@ -235,26 +252,114 @@ def plot(rows, r, header, directory):
     plt.close(fig)
 
 
+def row_settings(args, method):
+    """The settings benchmarked for `method`: the flag's values; in a batch run, unless the flag
+    was given, only the method's default (each row runs once per batch size)."""
+    settings = cli.setting_of(args, method) or []
+    if args.batch_sizes and settings is ROWS.get(method):  # argparse hands back the default list itself
+        return [] if method == "lookahead" else [METHODS[method].default]  # lookahead's default row runs anyway
+    return settings
+
+
 def build_rows(args, model, draft, heads, eagle_head, methods, costs):
-    """{row label: proposer}: plain decoding, each method's settings, plain decoding again. The
-    rows that size themselves read the machine's costs as generate.py does (`costs`)."""
-    proposers = {"none": Plain()}
+    """{row label: a function making its proposer}: plain decoding, each method's settings, plain
+    decoding again. The rows that size themselves read the machine's costs as generate.py does
+    (`costs`)."""
+    def row(method, setting, **options):
+        return lambda: make_proposer(method, setting, model, draft, heads, costs=costs, eagle_head=eagle_head, **options)
+
+    rows = {"none": Plain}
     for method in methods:
         if method == "lookahead":  # what generate.py --spec lookahead runs
-            default = METHODS["lookahead"].default
-            proposers[f"lookahead {default} sized (default)"] = make_proposer("lookahead", default, model, costs=costs)
-        for setting in cli.setting_of(args, method) or []:
+            rows[f"lookahead {METHODS['lookahead'].default} sized (default)"] = row(method, None)
+        for setting in row_settings(args, method):
             if method == "lookahead":
-                proposers[f"lookahead {setting} fixed"] = make_proposer(method, setting, model, sizing="fixed")
+                rows[f"lookahead {setting} fixed"] = row(method, setting, sizing="fixed")
                 if args.sized:
-                    proposers[f"lookahead {setting} sized"] = make_proposer(method, setting, model, costs=costs)
+                    rows[f"lookahead {setting} sized"] = row(method, setting)
             else:
                 label = f"{method} {setting}" + (f" ({len(heads[1]['tree'])})" if setting == "saved" else "")
-                proposers[label] = make_proposer(method, setting, model, draft, heads, costs=costs, eagle_head=eagle_head)
-        if method == "medusa":
-            proposers["medusa saved typical (LOSSY)"] = make_proposer(method, "saved", model, heads=heads, typical=True)
-    proposers[NOISE_ROW] = Plain()  # plain decoding again: how far two identical rows land apart here
-    return proposers
+                rows[label] = row(method, setting)
+        if method == "medusa" and not args.batch_sizes:
+            rows["medusa saved typical (LOSSY)"] = row(method, "saved", typical=True)
+    rows[NOISE_ROW] = Plain  # plain decoding again: how far two identical rows land apart here
+    return rows
+
+
+def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_seconds):
+    """--batch-sizes: every row decodes the prompts in batches of each size. A batch's speculation
+    costs a pass of B rows x n tokens, r_B(n) times a plain batched step, plus the drafters' forwards,
+    which run row by row: B x d x (a draft forward's seconds) / (the batched step's seconds)."""
+    prefix = profile_prefix(model)
+    results = []
+    for batch_size in args.batch_sizes:
+        r, step = cost_curve(model, max_pass, prefix, batch_size=batch_size)
+        totals, outputs, seconds = run_interleaved(model, rows, prompts, sampling, args.max_new_tokens, args.seed,
+                                                   batch_size)
+        base = totals["none"].new_tokens / seconds["none"]
+        for label, s in totals.items():
+            draft_cost = batch_size * step_seconds.get(label.split()[0], 0.0) / step * s.draft_forwards / s.target_forwards
+            same = sum(a == b for a, b in zip(outputs[label], outputs["none"])) / len(prompts) if sampling.greedy else None
+            results.append(dict(method=label, batch_size=batch_size, tau=s.tau, alpha=s.alpha,
+                                tokens_per_s=s.new_tokens / seconds[label], speedup=s.new_tokens / seconds[label] / base,
+                                predicted_speedup=s.tau / (s.pass_cost(r) + draft_cost), identical_to_plain=same,
+                                r=r, step_ms=1e3 * step))
+    settings = dict(num_prompts=len(prompts), prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, seed=args.seed, batch_sizes=args.batch_sizes)
+    if args.plot:
+        plot_batches(results, header, args.plot)
+    if args.json:
+        print(json.dumps(dict(header, **settings, rows=results)))
+        return 0
+    print(f"# {header['command']}  ({machine(header)}, {header['params_millions']}M parameters)")
+    print(f"# {len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.max_new_tokens} new tokens each, "
+          f"{header['sampling']}, decoded in batches of each size")
+    width = max(28, max(len(r["method"]) for r in results) + 2)
+    for batch_size in args.batch_sizes:
+        batch = [r for r in results if r["batch_size"] == batch_size]
+        print(f"
+batch size {batch_size}: a plain batched step {batch[0]['step_ms']:.2f} ms; r(2..{len(batch[0]['r'])}) = "
+              + " ".join(f"{x:.2f}" for x in batch[0]["r"][1:]))
+        print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'tokens/s':>10}{'speedup':>9}{'predicted':>11}"
+              + ("  same as plain" if sampling.greedy else ""))
+        for r in batch:
+            alpha = "-" if r["alpha"] is None else f"{r['alpha']:.2f}"
+            print(f"{r['method']:<{width}}{r['tau']:>6.2f}{alpha:>7}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x"
+                  f"{r['predicted_speedup']:>10.2f}x" + (f"  {r['identical_to_plain']:>12.0%}" if sampling.greedy else ""))
+    print("
+the smallest batch size at which a method no longer pays (speedup below 1)")
+    for label in rows:
+        if label in ("none", NOISE_ROW):
+            continue
+        losing = [r["batch_size"] for r in results if r["method"] == label and r["speedup"] < 1.0]
+        print(f"{label:<{width}}{min(losing) if losing else 'pays at every size measured'}")
+    return 0
+
+
+def plot_batches(results, header, directory):
+    """DIR/batch.png: total tokens/s against batch size for each row, and each row's measured and
+    predicted speedup."""
+    plt = pyplot()
+    os.makedirs(directory, exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for label in dict.fromkeys(r["method"] for r in results):
+        mine = [r for r in results if r["method"] == label]
+        sizes = [r["batch_size"] for r in mine]
+        line, = left.plot(sizes, [r["tokens_per_s"] for r in mine], "o-", ms=3, label=label)
+        if label not in ("none", NOISE_ROW):
+            right.plot(sizes, [r["speedup"] for r in mine], "o-", ms=3, color=line.get_color(), label=label)
+            right.plot(sizes, [r["predicted_speedup"] for r in mine], "--", color=line.get_color(), lw=0.8)
+    for ax, ylabel in ((left, "tokens/s, all rows together"), (right, "speedup over plain batched decoding")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+    right.axhline(1.0, color="grey", lw=0.8)
+    right.set_title("measured (solid) and predicted (dashed)", fontsize=9)
+    left.set_title(f"{header['sampling']} ({machine(header)})", fontsize=9)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(directory, "batch.png"), dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):
@@ -285,6 +390,10 @@ def main(argv=None):
     for method in methods:  # bad settings are refused before anything is loaded or timed
         for setting in cli.setting_of(args, method) or []:
             parse_setting(method, setting)
+    if args.batch_sizes and not all(1 <= b <= MAX_BATCH for b in args.batch_sizes):
+        raise cli.UserError(f"--batch-sizes must lie between 1 and {MAX_BATCH}")
+    if args.num_prompts is None:
+        args.num_prompts = max(args.batch_sizes) if args.batch_sizes else 8
     if args.num_prompts < 1:
         raise cli.UserError("--num-prompts must be at least 1")
     if not 1 <= args.prompt_len <= block_size:
@@ -295,20 +404,26 @@ def main(argv=None):
     draft = cli.compiled(draft, draft_path, args, device, dtype, prepare=True)
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), target, tokenizer, device, dtype) if "medusa" in methods else None
     eagle_head = load_eagle(cli.checkpoint_of(args, "eagle"), target, tokenizer, device, dtype) if "eagle" in methods else None
-    proposers = build_rows(args, model, draft, heads, eagle_head, methods, cli.stored_costs(args, device, dtype))
+    rows = build_rows(args, model, draft, heads, eagle_head, methods, cli.stored_costs(args, device, dtype))
+    proposers = {label: make() for label, make in rows.items()}
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)
     cost = dict(r=cost_curve(model, max_pass, prefix)[0])
+    # seconds of one draft forward, by method: the draft model's step, the EAGLE head's forward
+    step_seconds = dict(draft=forward_seconds(draft, 1, profile_prefix(draft)) if draft is not None else 0.0,
+                        eagle=head_seconds(eagle_head[0], model.config.vocab_size, prefix) if eagle_head else 0.0)
     step = forward_seconds(model, 1, prefix) if draft is not None or eagle_head is not None else None
     if draft is not None:
-        cost["c"] = forward_seconds(draft, 1, profile_prefix(draft)) / step
+        cost["c"] = step_seconds["draft"] / step
     if eagle_head is not None:
-        cost["c_eagle"] = head_seconds(eagle_head[0], model.config.vocab_size, prefix) / step
-    step_cost = dict(draft=cost.get("c", 0.0), eagle=cost.get("c_eagle", 0.0))  # per draft forward, by method
+        cost["c_eagle"] = step_seconds["eagle"] / step
+    step_cost = {method: seconds / step for method, seconds in step_seconds.items() if seconds}  # per draft forward
 
     text = read_text(args.data or state.get("data"))
     prompts = held_out_prompts(tokenizer, text, args.num_prompts, args.prompt_len, args.seed)
-    totals, outputs = run_interleaved(model, proposers, prompts, sampling, args.max_new_tokens, args.seed)
+    if args.batch_sizes:
+        return bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_seconds)
+    totals, outputs, _ = run_interleaved(model, rows, prompts, sampling, args.max_new_tokens, args.seed)
 
     base = totals["none"].tokens_per_s
     rows = []

@@ -21,10 +21,10 @@ def profile_prefix(model):
     return model.config.block_size // 2
 
 
-def _prefilled_cache(model, prefix, scratch, generator):
-    cache = model.new_cache(scratch=scratch)
+def _prefilled_cache(model, prefix, scratch, generator, batch_size=1):
+    cache = model.new_cache(batch_size=batch_size, scratch=scratch)
     if prefix:
-        idx = torch.randint(model.config.vocab_size, (1, prefix), generator=generator)
+        idx = torch.randint(model.config.vocab_size, (batch_size, prefix), generator=generator)
         model(idx.to(cache.k.device), cache)
         cache.commit()
     return cache
@@ -57,23 +57,26 @@ def median_seconds(run, device, repeats=7):
 
 
 @torch.inference_mode()
-def forward_seconds(model, n, prefix, repeats=7, generator=None):
-    """Median wall time of one forward with n new tokens after `prefix` cached tokens."""
-    cache = _prefilled_cache(model, prefix, n, generator)
-    idx = torch.randint(model.config.vocab_size, (1, n), generator=generator).to(cache.k.device)
+def forward_seconds(model, n, prefix, repeats=7, generator=None, batch_size=1):
+    """Median wall time of one forward with n new tokens (in each of batch_size rows) after `prefix`
+    cached tokens."""
+    cache = _prefilled_cache(model, prefix, n, generator, batch_size)
+    idx = torch.randint(model.config.vocab_size, (batch_size, n), generator=generator).to(cache.k.device)
     return median_seconds(lambda: _time_pass(model, cache, idx, prefix), cache.k.device, repeats)
 
 
 @torch.inference_mode()
-def cost_curve(model, max_n, prefix, repeats=7, tree=False):
+def cost_curve(model, max_n, prefix, repeats=7, tree=False, batch_size=1):
     """[r(1), ..., r(max_n)] after `prefix` cached tokens, and the seconds of r(1). tree=True times
     passes of n > 1 tokens as tree passes (mask and positions built and applied), chains otherwise.
+    With batch_size B, r(n) is the cost of a pass of B rows x n tokens over a step of B x 1: what
+    speculating n - 1 tokens deep costs in each row of a batch.
     The sizes are timed round-robin, so that a drift in the machine's speed hits them alike, and the
     medians are made non-decreasing: a pass does not get cheaper by growing, and a noisy dip must not
     lure a sizing rule into passes that are dearer than they look."""
     gen = torch.Generator().manual_seed(0)
-    cache = _prefilled_cache(model, prefix, max_n, gen)
-    inputs = [torch.randint(model.config.vocab_size, (1, n), generator=gen).to(cache.k.device)
+    cache = _prefilled_cache(model, prefix, max_n, gen, batch_size)
+    inputs = [torch.randint(model.config.vocab_size, (batch_size, n), generator=gen).to(cache.k.device)
               for n in range(1, max_n + 1)]
     samples = [[] for _ in inputs]
     for repeat in range(repeats + 1):

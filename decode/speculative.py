@@ -15,12 +15,20 @@ Past the context window the cache slides (decode/window.py): when the root would
 the next pass re-prefills the last half window. Candidates are never deeper than the room left in
 the window, so every method predicts every token from the same context, which is what makes greedy
 speculation token-identical to plain greedy.
+
+A batch of prompts runs the same rounds, every row with a proposer of its own: the rows' passes
+(each its tail and its candidates) are padded to one length and run as ONE target forward, each row
+after its own committed length, under its own mask; each row's verdict commits its own path. A
+padding token sees only itself and is never committed, so every row says exactly what it would say
+alone. A row that has its tokens leaves the batch.
 """
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 from decode.plain import Plain
+from decode.proposer import Proposer
 from decode.sampling import token_probs
 from decode.stats import DecodeStats
 from decode.tree import Candidates, pass_mask
@@ -32,6 +40,60 @@ NO_CANDIDATES = Candidates([], [])
 PHASES = ("propose", "pass", "verify", "commit", "update")  # of a round, in order (DecodeStats.phase_seconds)
 
 
+@dataclass
+class _Row:
+    """One sequence of a batch: its tokens, its proposer and what its part of the cache holds."""
+    index: int  # in the batch as given (its place in the cache shifts as other rows finish)
+    prompt_length: int
+    tokens: list
+    proposer: Proposer
+    window: ContextWindow
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    tail: list = field(default_factory=list)  # this round: the tokens the pass caches, ending with the root
+    candidates: Candidates = field(default_factory=lambda: NO_CANDIDATES)
+
+    @property
+    def new_tokens(self):
+        return len(self.tokens) - self.prompt_length
+
+    @property
+    def pass_size(self):
+        return len(self.tail) + len(self.candidates) + (len(self.candidates.side.tokens) if self.candidates.side else 0)
+
+    def pass_tokens(self):
+        side = self.candidates.side.tokens if self.candidates.side else []
+        return self.tail + self.candidates.tokens + side
+
+    def pass_positions(self, length):
+        """Position ids of this row's pass after `length` committed tokens."""
+        root_pos = length + len(self.tail) - 1
+        offsets = self.candidates.depths() + (self.candidates.side.offsets if self.candidates.side else [])
+        return list(range(length, root_pos + 1)) + [root_pos + o for o in offsets]
+
+
+def _pass_inputs(rows, cache, device):
+    """The one forward's tokens (B, n), positions and masks for the rows' passes. A batch of chains of
+    one length over equal prefixes is causal and needs neither; a single row's tree takes an (n, n)
+    mask; anything else is padded to the longest pass, padding tokens seeing only themselves."""
+    n = max(row.pass_size for row in rows)
+    if all(row.candidates.is_chain() and row.pass_size == n for row in rows) and not cache.ragged:
+        return torch.tensor([row.pass_tokens() for row in rows], device=device), None, None
+    if len(rows) == 1:
+        (row,) = rows
+        return (torch.tensor([row.pass_tokens()], device=device),
+                torch.tensor(row.pass_positions(cache.lengths[0]), device=device),
+                pass_mask(row.candidates, len(row.tail)).to(device))
+    idx = torch.zeros(len(rows), n, dtype=torch.long)
+    pos = torch.zeros(len(rows), n, dtype=torch.long)
+    mask = torch.eye(n, dtype=torch.bool).repeat(len(rows), 1, 1)  # (B, n, n)
+    for b, row in enumerate(rows):
+        size = row.pass_size
+        idx[b, :size] = torch.tensor(row.pass_tokens())
+        pos[b, :size] = torch.tensor(row.pass_positions(cache.lengths[b]))
+        mask[b, :size, :size] = pass_mask(row.candidates, len(row.tail))
+    return idx.to(device), pos.to(device), mask.to(device)
+
+
 @torch.inference_mode()
 def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=None, proposer=None):
     """Continue the token list `prompt` by max_new_tokens tokens, speculating with `proposer`
@@ -39,70 +101,99 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
     is accepted; source is "draft" (an accepted candidate), "corrected" (the target's token in place
     of a rejected candidate), "bonus" (the target's token after a fully accepted path) or "target"
     (nothing was proposed). Returns (new token ids, DecodeStats)."""
-    proposer = proposer or Plain()
+    streamed = on_token and (lambda row, token, source: on_token(token, source))
+    outputs, stats = generate_batch(model, [prompt], max_new_tokens, sampling, generator, streamed,
+                                    [proposer or Plain()])
+    return outputs[0], stats[0]
+
+
+@torch.inference_mode()
+def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_token=None, proposers=None):
+    """Continue each of the token lists `prompts` by max_new_tokens tokens, all in one batch, row b
+    speculating with proposers[b] (a proposer keeps state: one object per row; plain decoding when
+    None). on_token(b, token, source) streams row b's tokens as generate's does.
+    Returns (the new token ids of each row, a DecodeStats per row)."""
+    proposers = proposers or [Plain() for _ in prompts]
     block_size = model.config.block_size
-    if not 0 < len(prompt) <= block_size:
-        raise ValueError(f"prompt must have 1 to {block_size} tokens, got {len(prompt)}")
+    if not prompts or len(proposers) != len(prompts):
+        raise ValueError(f"generate_batch needs one proposer per prompt, got {len(proposers)} for {len(prompts)}")
+    for prompt in prompts:
+        if not 0 < len(prompt) <= block_size:
+            raise ValueError(f"prompt must have 1 to {block_size} tokens, got {len(prompt)}")
     started = time.perf_counter()
-    stats = DecodeStats()
-    cache = model.new_cache(scratch=proposer.max_candidates + 1)
-    context = ContextWindow(cache, block_size)
+    # in a batch one row may re-prefill half a window after its slide while another's prefix is full
+    scratch = max(p.max_candidates for p in proposers) + 1 + (block_size // 2 if len(prompts) > 1 else 0)
+    cache = model.new_cache(batch_size=len(prompts), scratch=scratch)
     device = cache.k.device
-    proposer.start(prompt)
-    tokens = list(prompt)
-    clock, phases = time.perf_counter, stats.phase_seconds
-    while len(tokens) - len(prompt) < max_new_tokens:
+    rows = []
+    for index, (prompt, proposer) in enumerate(zip(prompts, proposers)):
+        proposer.start(prompt)
+        rows.append(_Row(index, len(prompt), list(prompt), proposer, ContextWindow(cache, block_size)))
+    active = list(rows)
+    clock = time.perf_counter
+    while active:
         t0 = clock()
-        context.slide_if_full(len(tokens))  # the root must fit
-        tail = tokens[context.cached:]
-        remaining = max_new_tokens - (len(tokens) - len(prompt))
-        depth_limit = min(context.room(len(tokens)), remaining - 1)  # the pass adds one token of its own
-        candidates = proposer.propose(tokens, depth_limit, sampling, generator) if depth_limit > 0 else None
-        candidates = NO_CANDIDATES if candidates is None else candidates
+        for b, row in enumerate(active):
+            row.window.slide_if_full(len(row.tokens), row=b)  # the root must fit
+            row.tail = row.tokens[row.window.cached:]
+            # the pass adds one token of its own
+            depth_limit = min(row.window.room(len(row.tokens)), max_new_tokens - row.new_tokens - 1)
+            candidates = (row.proposer.propose(row.tokens, depth_limit, sampling, generator)
+                          if depth_limit > 0 else None)
+            row.candidates = NO_CANDIDATES if candidates is None else candidates
         t1 = clock()
-        side = candidates.side.tokens if candidates.side else []
-        idx = torch.tensor([tail + candidates.tokens + side], device=device)
-        pos = mask = None  # a chain needs neither: it is a causal run of consecutive positions
-        if not candidates.is_chain():
-            mask = pass_mask(candidates, len(tail)).to(device)
-            root_pos = cache.length + len(tail) - 1
-            offsets = candidates.depths() + (candidates.side.offsets if side else [])
-            pos = torch.tensor(list(range(cache.length, root_pos + 1)) + [root_pos + o for o in offsets],
-                               device=device)
+        idx, pos, mask = _pass_inputs(active, cache, device)
         logits, hidden = model(idx, cache, pos=pos, mask=mask, return_hidden=True)
-        # logits at [root, candidates..., side...], which the verifier reads; hidden states of every
-        # row, for a proposer that reads the features of the tokens the cache is about to keep
-        logits, hidden = logits[0, len(tail) - 1:], hidden[0]
-        judged = logits[:1 + len(candidates)]
-        stats.target_forwards += 1
-        stats.pass_sizes[len(logits)] += 1
         t2 = clock()
-        if proposer.verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
-            verdict = proposer.verify(judged, candidates, sampling, generator)
-        elif sampling.greedy:
-            verdict = verify_greedy(judged, candidates)
-        else:
-            verdict = verify_sampling(token_probs(judged, sampling), candidates, generator)
+        verdicts, outputs = [], []
+        for b, row in enumerate(active):
+            # logits at [root, candidates..., side...], which the verifier reads; hidden states of
+            # every row, for a proposer that reads the features of the tokens the cache will keep
+            row_logits, row_hidden = logits[b, len(row.tail) - 1:row.pass_size], hidden[b, :row.pass_size]
+            judged = row_logits[:1 + len(row.candidates)]
+            if row.proposer.verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
+                verdict = row.proposer.verify(judged, row.candidates, sampling, generator)
+            elif sampling.greedy:
+                verdict = verify_greedy(judged, row.candidates)
+            else:
+                verdict = verify_sampling(token_probs(judged, sampling), row.candidates, generator)
+            verdicts.append(verdict)
+            outputs.append((row_logits, row_hidden))
         t3 = clock()
-        cache.commit(list(range(len(tail))) + [len(tail) - 1 + c for c in verdict.path])
-        context.cached = len(tokens) + len(verdict.path)
-        accepted = [candidates.tokens[c - 1] for c in verdict.path]
-        last_source = "target" if not candidates else ("corrected" if verdict.corrected else "bonus")
-        new = list(zip(accepted, ["draft"] * len(accepted))) + [(verdict.next_token, last_source)]
-        tokens += [t for t, _ in new]
-        if on_token:
-            for token, source in new:
-                on_token(token, source)
-        stats.judged += verdict.judged
-        stats.accepted += len(verdict.path)
-        if candidates:
-            stats.record_depths(max(candidates.depths()), len(verdict.path))
+        cache.commit([list(range(len(row.tail))) + [len(row.tail) - 1 + c for c in verdict.path]
+                      for row, verdict in zip(active, verdicts)])
+        for b, (row, verdict) in enumerate(zip(active, verdicts)):
+            candidates, stats = row.candidates, row.stats
+            row.window.cached = len(row.tokens) + len(verdict.path)
+            accepted = [candidates.tokens[c - 1] for c in verdict.path]
+            last_source = "target" if not candidates else ("corrected" if verdict.corrected else "bonus")
+            new = list(zip(accepted, ["draft"] * len(accepted))) + [(verdict.next_token, last_source)]
+            row.tokens += [t for t, _ in new]
+            if on_token:
+                for token, source in new:
+                    on_token(row.index, token, source)
+            stats.target_forwards += 1
+            stats.pass_sizes[row.pass_size - len(row.tail) + 1] += 1
+            stats.judged += verdict.judged
+            stats.accepted += len(verdict.path)
+            if candidates:
+                stats.record_depths(max(candidates.depths()), len(verdict.path))
         t4 = clock()
-        proposer.update(tokens, verdict, logits, hidden)
+        for row, verdict, (row_logits, row_hidden) in zip(active, verdicts, outputs):
+            row.proposer.update(row.tokens, verdict, row_logits, row_hidden)
         t5 = clock()
-        for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-            phases[phase] += seconds
-    stats.new_tokens = len(tokens) - len(prompt)
-    stats.draft_forwards = proposer.forwards
-    stats.seconds = time.perf_counter() - started
-    return tokens[len(prompt):], stats
+        for row in active:
+            for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                row.stats.phase_seconds[phase] += seconds
+        going_on = [b for b, row in enumerate(active) if row.new_tokens < max_new_tokens]
+        if len(going_on) < len(active):
+            for row in active:
+                if row.new_tokens >= max_new_tokens:
+                    row.stats.seconds = clock() - started
+            if going_on:
+                cache.select_rows(going_on)
+            active = [active[b] for b in going_on]
+    for row in rows:
+        row.stats.new_tokens = row.new_tokens
+        row.stats.draft_forwards = row.proposer.forwards
+    return [row.tokens[row.prompt_length:] for row in rows], [row.stats for row in rows]

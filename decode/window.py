@@ -12,12 +12,13 @@ class ContextWindow:
         self.cache, self.block_size = cache, block_size
         self.start = self.cached = 0  # the cache holds tokens[start:cached]
 
-    def slide_if_full(self, length, ahead=0):
-        """Slide if `length` tokens plus `ahead` more would not fit; True if it slid."""
+    def slide_if_full(self, length, ahead=0, row=None):
+        """Slide if `length` tokens plus `ahead` more would not fit; True if it slid. row: the batch
+        row of the cache this text lives in (None: the cache holds only this text)."""
         if length - self.start + ahead <= self.block_size:
             return False
         self.start = self.cached = length - self.block_size // 2
-        self.cache.rollback(0)
+        self.cache.rollback(0, row=row)
         return True
 
     def room(self, length):

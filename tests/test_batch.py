@@ -1,0 +1,120 @@
+"""Batched decoding: every row of a batch says exactly what its prompt says alone, for plain decoding
+and every method, with each row's cache a fresh prefill of its own tokens after every round."""
+import collections
+
+import pytest
+import torch
+
+import tests.test_speculative as harness
+from decode.draft import DraftModel
+from decode.methods import make_proposer
+from decode.sampling import Sampling
+from decode.speculative import generate, generate_batch
+from model.eagle import EagleHead
+from model.medusa import MedusaConfig, MedusaHeads
+from tests.conftest import assert_matches_prefill, cache_row, tiny_model
+from tests.test_speculative import (DRAFT_TABLE, RecordingTarget, assert_samples_exactly,
+                                    assert_wrong_verifier_is_caught)
+from tests.toys import ToyBigram
+
+TARGET = tiny_model(block_size=32)
+DRAFT = tiny_model(seed=5, n_layer=1, block_size=32)
+# of different lengths, one of them nearly a window: every row slides inside the batch, at its own time
+PROMPTS = [[5], [1, 2, 3, 1, 2, 3, 1, 2], list(range(10, 40)), [7, 7, 7]]
+
+
+def perturbed(module, seed):
+    """Random weights that guess, some right, some wrong."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+    return module
+
+
+HEADS = (perturbed(MedusaHeads(TARGET, MedusaConfig(n_heads=3)), 1).double(),
+         {"tree": [(0,), (1,), (0, 0), (0, 0, 0)], "accuracies": [[0.6, 0.2], [0.5, 0.1], [0.4, 0.1]]})
+EAGLE = (perturbed(EagleHead(TARGET), 2).double(), {})
+
+METHODS = {
+    "none": lambda: make_proposer("none", None, TARGET),
+    "draft k=3": lambda: make_proposer("draft", "3", TARGET, draft_model=DRAFT),
+    "jacobi": lambda: make_proposer("jacobi", "4", TARGET),
+    "lookahead": lambda: make_proposer("lookahead", "3,3,2", TARGET, sizing="fixed"),
+    "prompt lookup": lambda: make_proposer("prompt-lookup", None, TARGET),
+    "medusa": lambda: make_proposer("medusa", "saved", TARGET, heads=HEADS),
+    "eagle chain": lambda: make_proposer("eagle", "chain:3", TARGET, eagle_head=EAGLE),
+    "eagle tree": lambda: make_proposer("eagle", "tree:6", TARGET, eagle_head=EAGLE),
+}
+
+
+class CheckedRows(RecordingTarget):
+    """The target, checking after every round that each batch row's cache equals a fresh prefill of
+    the tokens its row holds. The loop updates the rows' proposers in the order of the cache's rows,
+    so the n-th update after a pass belongs to cache row n."""
+
+    def forward(self, *args, **kwargs):
+        self.updated = 0
+        return self.model(*args, **kwargs)
+
+    def check(self, proposer):
+        update = proposer.update
+
+        def update_and_check(tokens, verdict, logits, hidden):
+            update(tokens, verdict, logits, hidden)
+            row = cache_row(self.cache, self.updated)  # holds every accepted token but the newest
+            assert_matches_prefill(self.model, row, tokens[len(tokens) - 1 - row.length:-1])
+            self.updated += 1
+            self.rounds += 1
+
+        proposer.update = update_and_check
+        return proposer
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_row_says_what_its_prompt_says_alone(method):
+    target = CheckedRows(TARGET)
+    target.rounds = 0
+    proposers = [target.check(METHODS[method]()) for _ in PROMPTS]
+    outputs, stats = generate_batch(target, PROMPTS, 50, Sampling(), proposers=proposers)
+    for prompt, output, row_stats in zip(PROMPTS, outputs, stats):
+        alone, _ = generate(TARGET, prompt, 50, Sampling())
+        assert output == alone
+        assert row_stats.new_tokens == 50
+    assert target.rounds >= 4 * 50 / 3  # every row checked after every round it took part in
+
+
+def test_rows_of_different_methods_leave_the_batch_when_done_and_stream_their_own_tokens():
+    seen = {b: [] for b in range(3)}
+    proposers = [METHODS["none"](), METHODS["prompt lookup"](), METHODS["draft k=3"]()]
+    outputs, stats = generate_batch(TARGET, PROMPTS[:3], 20, Sampling(), on_token=lambda b, t, source: seen[b].append(t),
+                                    proposers=proposers)
+    assert [seen[b] for b in range(3)] == outputs == [generate(TARGET, p, 20, Sampling())[0] for p in PROMPTS[:3]]
+    assert stats[0].target_forwards == 20 > stats[1].target_forwards  # the lookup row was done sooner
+
+
+def test_a_batch_needs_a_proposer_per_prompt():
+    with pytest.raises(ValueError, match="one proposer per prompt"):
+        generate_batch(TARGET, PROMPTS, 5, Sampling(), proposers=[METHODS["none"]()])
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_sampling_stays_exact_in_every_row_of_a_batch(wrong, monkeypatch):
+    """B = 3: the sampled continuations of every row, pooled, fit the exact distribution (and the
+    wrong verifier is caught)."""
+    def batched_counts(make_proposer, sampling, n, seed=0, prompt=(harness.FIRST,)):
+        target = ToyBigram(harness.TARGET_TABLE)
+        gen = torch.Generator().manual_seed(seed)
+        counts = collections.Counter()
+        for _ in range(n // 3):
+            outputs, _ = generate_batch(target, [list(prompt)] * 3, harness.LENGTH, sampling, gen,
+                                        proposers=[make_proposer() for _ in range(3)])
+            counts.update(tuple(o) for o in outputs)
+        return counts
+
+    monkeypatch.setattr(harness, "sample_counts", batched_counts)
+    make = lambda: DraftModel(ToyBigram(DRAFT_TABLE), k=3)  # noqa: E731
+    if wrong:
+        assert_wrong_verifier_is_caught(make, Sampling(temperature=1.0), monkeypatch, n=harness.N // 3 * 3)
+    else:
+        assert_samples_exactly(make, Sampling(temperature=1.0), n=harness.N // 3 * 3)
