@@ -30,12 +30,12 @@ import torch
 
 import cli
 from data import read_text, split_text
-from decode import Plain
+from decode import Plain, generate_batch
 from decode.cost import cost_curve, forward_seconds, profile_prefix
 from decode.draft import AUTO_K_MAX, predicted_speedup
 from decode.eagle import head_seconds
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
-from decode.speculative import PHASES, generate_batch
+from decode.speculative import PHASES
 from decode.stats import DecodeStats
 from model.checkpoint import load_model
 from model.eagle import load_eagle
@@ -49,6 +49,9 @@ ROWS = {  # the settings benchmarked by default, one row each
     "medusa": ["chain", "saved", "4", "8", "32"],
     "eagle": ["chain:4", "tree:8", "tree:16", "tree:auto"],
 }
+# in a batch run: each method's default, and the draft sized to the batch; lookahead's sized
+# default row runs anyway
+BATCH_ROWS = {"draft": ["4", "auto"], "lookahead": []}
 NOISE_ROW = "none again (noise)"
 MAX_BATCH = 256
 ALPHAS = (0.6, 0.7, 0.8)  # acceptance rates at which --profile predicts a draft's speedup (it measures none)
@@ -110,7 +113,7 @@ def run_interleaved(model, rows, prompts, sampling, max_new_tokens, seed, batch_
     row, each row's outputs in prompt order, each row's wall seconds). Each row keeps batch_size
     proposers for the whole run, as a user's decoder would (some learn as they go)."""
     labels = list(rows)
-    proposers = {label: [rows[label]() for _ in range(batch_size)] for label in labels}
+    proposers = {label: [rows[label](batch_size) for _ in range(batch_size)] for label in labels}
     totals = {label: DecodeStats() for label in labels}
     outputs = {label: [] for label in labels}
     seconds = dict.fromkeys(labels, 0.0)
@@ -254,21 +257,22 @@ def plot(rows, r, header, directory):
 
 def row_settings(args, method):
     """The settings benchmarked for `method`: the flag's values; in a batch run, unless the flag
-    was given, only the method's default (each row runs once per batch size)."""
+    was given, only BATCH_ROWS (each row runs once per batch size)."""
     settings = cli.setting_of(args, method) or []
     if args.batch_sizes and settings is ROWS.get(method):  # argparse hands back the default list itself
-        return [] if method == "lookahead" else [METHODS[method].default]  # lookahead's default row runs anyway
+        return BATCH_ROWS.get(method, [METHODS[method].default])
     return settings
 
 
 def build_rows(args, model, draft, heads, eagle_head, methods, costs):
-    """{row label: a function making its proposer}: plain decoding, each method's settings, plain
+    """{row label: a function making its proposer for a row of a batch of a given size}: plain decoding, each method's settings, plain
     decoding again. The rows that size themselves read the machine's costs as generate.py does
     (`costs`)."""
     def row(method, setting, **options):
-        return lambda: make_proposer(method, setting, model, draft, heads, costs=costs, eagle_head=eagle_head, **options)
+        return lambda batch_size=1: make_proposer(method, setting, model, draft, heads, costs=costs,
+                                                  eagle_head=eagle_head, batch_size=batch_size, **options)
 
-    rows = {"none": Plain}
+    rows = {"none": lambda batch_size=1: Plain()}
     for method in methods:
         if method == "lookahead":  # what generate.py --spec lookahead runs
             rows[f"lookahead {METHODS['lookahead'].default} sized (default)"] = row(method, None)
@@ -282,7 +286,7 @@ def build_rows(args, model, draft, heads, eagle_head, methods, costs):
                 rows[label] = row(method, setting)
         if method == "medusa" and not args.batch_sizes:
             rows["medusa saved typical (LOSSY)"] = row(method, "saved", typical=True)
-    rows[NOISE_ROW] = Plain  # plain decoding again: how far two identical rows land apart here
+    rows[NOISE_ROW] = rows["none"]  # plain decoding again: how far two identical rows land apart here
     return rows
 
 
@@ -317,8 +321,7 @@ def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_s
     width = max(28, max(len(r["method"]) for r in results) + 2)
     for batch_size in args.batch_sizes:
         batch = [r for r in results if r["batch_size"] == batch_size]
-        print(f"
-batch size {batch_size}: a plain batched step {batch[0]['step_ms']:.2f} ms; r(2..{len(batch[0]['r'])}) = "
+        print(f"\nbatch size {batch_size}: a plain batched step {batch[0]['step_ms']:.2f} ms; r(2..{len(batch[0]['r'])}) = "
               + " ".join(f"{x:.2f}" for x in batch[0]["r"][1:]))
         print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'tokens/s':>10}{'speedup':>9}{'predicted':>11}"
               + ("  same as plain" if sampling.greedy else ""))
@@ -326,8 +329,7 @@ batch size {batch_size}: a plain batched step {batch[0]['step_ms']:.2f} ms; r(2.
             alpha = "-" if r["alpha"] is None else f"{r['alpha']:.2f}"
             print(f"{r['method']:<{width}}{r['tau']:>6.2f}{alpha:>7}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x"
                   f"{r['predicted_speedup']:>10.2f}x" + (f"  {r['identical_to_plain']:>12.0%}" if sampling.greedy else ""))
-    print("
-the smallest batch size at which a method no longer pays (speedup below 1)")
+    print("\nthe smallest batch size at which a method no longer pays (speedup below 1)")
     for label in rows:
         if label in ("none", NOISE_ROW):
             continue

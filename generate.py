@@ -7,16 +7,18 @@
     python generate.py --spec medusa --medusa-tree 16 --compare
     python generate.py --spec eagle --eagle chain:4 --compare --show
     python generate.py --target gpt2-medium.pt --spec draft --draft gpt2.pt --prompt "Hello"
+    python generate.py --prompt-file prompts.txt --batch-size 8 --spec prompt-lookup --json
 
 An empty prompt starts from a newline, the way a play's text starts a new line.
 """
 import json
 import sys
+import time
 
 import torch
 
 import cli
-from decode import Plain, generate
+from decode import Plain, generate, generate_batch
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from model.eagle import load_eagle
 from model.medusa import load_medusa
@@ -30,7 +32,13 @@ def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
     cli.add_checkpoint_args(p)
     p.add_argument("--prompt", default=EMPTY_PROMPT, help="text to continue (default: a newline)")
-    p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
+    p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead; with --batch-size, "
+                                         "one prompt per line (a .jsonl file: a JSON string or an object "
+                                         "with a \"prompt\" field per line)")
+    p.add_argument("--batch-size", type=int, metavar="B",
+                   help="decode the prompts of --prompt-file B at a time, in one batch: one target pass per "
+                        "round for all rows, each row speculating on its own; prints each text when its batch "
+                        "is done")
     cli.add_sampling_args(p)
     p.add_argument("--spec", choices=list(METHODS), default="none", help="speculative method (default: none)")
     cli.add_method_args(p)
@@ -59,26 +67,60 @@ def read_prompt(args):
         raise cli.UserError(f"prompt file {args.prompt_file} is not UTF-8 text") from None
 
 
+def read_prompts(args):
+    """The prompts of --prompt-file, one per line (JSON Lines for a .jsonl file), for --batch-size."""
+    if args.prompt_file is None:
+        raise cli.UserError("--batch-size needs --prompt-file, with one prompt per line")
+    if args.batch_size < 1:
+        raise cli.UserError("--batch-size must be at least 1")
+    lines = [line for line in read_prompt(args).splitlines() if line.strip()]
+    if not args.prompt_file.endswith(".jsonl"):
+        return lines or [EMPTY_PROMPT]
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            raise cli.UserError(f"{args.prompt_file}, line {number}: not JSON") from None
+        value = value.get("prompt") if isinstance(value, dict) else value
+        if not isinstance(value, str):
+            raise cli.UserError(f"{args.prompt_file}, line {number}: expected a string or an object with a "
+                                f"\"prompt\" string")
+        prompts.append(value or EMPTY_PROMPT)
+    if not prompts:
+        raise cli.UserError(f"{args.prompt_file} holds no prompts")
+    return prompts
+
+
 def main(argv=None):
     args = parse_args(argv)
     setting = cli.setting_of(args, args.spec)
     parse_setting(args.spec, setting)  # bad settings are refused before anything is loaded
-    prompt = read_prompt(args)
+    prompts = read_prompts(args) if args.batch_size is not None else [read_prompt(args)]
+    prompt = prompts[0]
     sampling, device, dtype, model, tokenizer, _ = cli.setup(args)
     costs = cli.stored_costs(args, device, dtype)
-    prompt_ids = tokenizer.encode(prompt)
-    if len(prompt_ids) > model.config.block_size:
-        raise cli.UserError(f"the prompt is {len(prompt_ids)} tokens, longer than the model's context of "
-                            f"{model.config.block_size}: shorten it")
+    all_ids = [tokenizer.encode(p) for p in prompts]
+    for number, ids in enumerate(all_ids, 1):
+        if len(ids) > model.config.block_size:
+            where = f"prompt {number}" if args.batch_size is not None else "the prompt"
+            raise cli.UserError(f"{where} is {len(ids)} tokens, longer than the model's context of "
+                                f"{model.config.block_size}: shorten it")
+    prompt_ids = all_ids[0]
 
     draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), model, tokenizer, device, dtype) if args.spec == "medusa" else None
     eagle_head = load_eagle(cli.checkpoint_of(args, "eagle"), model, tokenizer, device, dtype) if args.spec == "eagle" else None
     model = cli.compiled(model, cli.checkpoint_of(args, "target"), args, device, dtype)
     draft = cli.compiled(draft, cli.checkpoint_of(args, "draft"), args, device, dtype)
-    proposer = make_proposer(args.spec, setting, model, draft, heads,
-                             sizing=args.sizing, pool_from_prompt=args.pool_from_prompt, typical=args.typical,
-                             costs=costs, eagle_head=eagle_head)
+    def new_proposer(batch_size=1):
+        return make_proposer(args.spec, setting, model, draft, heads, sizing=args.sizing,
+                             pool_from_prompt=args.pool_from_prompt, typical=args.typical, costs=costs,
+                             eagle_head=eagle_head, batch_size=batch_size)
+
+    if args.batch_size is not None:
+        return decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, new_proposer)
+    proposer = new_proposer()
 
     if args.compare:  # a first call pays for allocation and cold caches: neither timed run should
         for warm_up in (proposer, Plain()):
@@ -135,6 +177,53 @@ def main(argv=None):
             line += f" | identical to plain: {'yes' if result['identical_to_plain'] else 'NO'}"
     if args.show and sys.stdout.isatty():
         line += "\n(green: accepted draft token, red: the target's correction, blue: the target's bonus token)"
+    print(line, file=sys.stderr)
+    return 0
+
+
+def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, new_proposer):
+    """--batch-size: the prompts in batches, each row with its own proposer; each text is printed
+    (or written as a JSON line) when its batch is done, then one summary line."""
+    size = min(args.batch_size, len(prompts))
+    proposers = [new_proposer(size) for _ in range(size)]
+    plain = [Plain() for _ in range(size)]
+
+    def decode(rows):
+        torch.manual_seed(args.seed)
+        generator = torch.Generator(device).manual_seed(args.seed)
+        outputs, stats, started = [], [], time.perf_counter()
+        for i in range(0, len(all_ids), size):
+            batch = all_ids[i:i + size]
+            new, batch_stats = generate_batch(model, batch, args.max_new_tokens, sampling, generator,
+                                              proposers=rows[:len(batch)])
+            outputs += new
+            stats += batch_stats
+        return outputs, stats, time.perf_counter() - started
+
+    if args.compare:  # a first call pays for allocation and cold caches: neither timed run should
+        for rows in (proposers, plain):
+            generate_batch(model, all_ids[:size], 4, sampling, proposers=rows[:len(all_ids[:size])])
+    outputs, stats, seconds = decode(proposers)
+    total = sum(s.new_tokens for s in stats)
+    if args.compare:
+        plain_outputs, _, plain_seconds = decode(plain)
+    for number, (prompt, new_ids, s) in enumerate(zip(prompts, outputs, stats)):
+        text = tokenizer.decode(new_ids)
+        if args.json:
+            row = dict(prompt=prompt, text=text, spec=args.spec, new_tokens=s.new_tokens,
+                       target_forwards=s.target_forwards, tau=s.tau, alpha=s.alpha)
+            if args.compare and sampling.greedy:
+                row["identical_to_plain"] = plain_outputs[number] == new_ids
+            print(json.dumps(row))
+        else:
+            print(f"--- prompt {number + 1} ---\n{prompt}{text}")
+    line = (f"[{args.spec}] {len(prompts)} prompts in batches of {size} | {total} new tokens | "
+            f"{total / seconds:.1f} tokens/s in all")
+    if args.compare:
+        line += f"\n[none] {total / plain_seconds:.1f} tokens/s | speedup {plain_seconds / seconds:.2f}x"
+        if sampling.greedy:
+            same = sum(a == b for a, b in zip(outputs, plain_outputs))
+            line += f" | identical to plain: {same} of {len(prompts)}"
     print(line, file=sys.stderr)
     return 0
 

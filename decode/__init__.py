@@ -1,5 +1,5 @@
 """Decoding methods. Each is a proposer of candidate tokens (decode/proposer.py) for the one shared
-loop, decode.speculative.generate; plain decoding is the proposer that proposes nothing.
+loop, decode.speculative.generate (generate_batch for a batch of prompts); plain decoding is the proposer that proposes nothing.
 decode.methods builds any of them by name from its setting."""
 from decode.draft import DraftModel
 from decode.eagle import Eagle
@@ -9,6 +9,6 @@ from decode.medusa import Medusa
 from decode.plain import Plain
 from decode.prompt_lookup import PromptLookup
 from decode.proposer import Proposer
-from decode.speculative import generate
+from decode.speculative import generate, generate_batch
 
-__all__ = ["DraftModel", "Eagle", "Jacobi", "Lookahead", "Medusa", "Plain", "PromptLookup", "Proposer", "generate"]
+__all__ = ["DraftModel", "Eagle", "Jacobi", "Lookahead", "Medusa", "Plain", "PromptLookup", "Proposer", "generate", "generate_batch"]

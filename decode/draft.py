@@ -10,7 +10,9 @@ How many guesses per round:
   - a fixed k;
   - "auto": the k that maximises expected tokens per unit of time, E(k) / (r(k+1) + k*c), where
     E(k) = (1 - alpha^(k+1)) / (1 - alpha) for the running acceptance estimate alpha, r is the
-    target's verify-pass cost curve and c the draft's step cost, both measured on this machine;
+    target's verify-pass cost curve and c the draft's step cost, both measured on this machine
+    (in a batch: the batch's pass costs, and the draft steps of all its rows); k = 0, a plain step,
+    when no k is predicted to beat one;
   - "heuristic": Hugging Face transformers' schedule, k + 2 after a fully accepted round, else k - 1.
 """
 import torch
@@ -46,11 +48,12 @@ def parse_k(value):
     return int(value), "fixed"
 
 
-def measured_costs(target, draft):
+def measured_costs(target, draft, batch_size=1):
     """(r, c) for "auto": the target's chain-pass cost curve r(1..AUTO_K_MAX+1) and the draft's step
-    cost c in target steps, timed here and now."""
-    r, target_step = cost_curve(target, AUTO_K_MAX + 1, profile_prefix(target))
-    return r, forward_seconds(draft, 1, profile_prefix(draft)) / target_step
+    cost c in target steps, timed here and now. In a batch of B rows r is the batch's curve and c
+    counts the B draft steps (one per row) against one batched target step."""
+    r, target_step = cost_curve(target, AUTO_K_MAX + 1, profile_prefix(target), batch_size=batch_size)
+    return r, batch_size * forward_seconds(draft, 1, profile_prefix(draft)) / target_step
 
 
 class DraftModel(Proposer):
@@ -76,7 +79,8 @@ class DraftModel(Proposer):
         if self.schedule != "auto":
             return self.k
         alpha = (self.accepted + ALPHA_PRIOR * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
-        return max(range(1, self.k_max + 1), key=lambda k: predicted_speedup(alpha, k, self.r, self.c))
+        k = max(range(1, self.k_max + 1), key=lambda k: predicted_speedup(alpha, k, self.r, self.c))
+        return k if predicted_speedup(alpha, k, self.r, self.c) > 1 else 0
 
     def _step(self, new_tokens):
         """Feed new_tokens to the draft, keep them, return the logits after the last one."""
@@ -88,6 +92,8 @@ class DraftModel(Proposer):
 
     def propose(self, tokens, max_depth, sampling, generator):
         k = min(self.choose_k(), max_depth)
+        if k == 0:  # a plain step pays best; the draft catches up when it next guesses
+            return None
         # the draft will hold its window of the text plus k - 1 of its own guesses
         if self.context.slide_if_full(len(tokens), ahead=k - 1):
             k = min(k, self.draft.config.block_size // 2)

@@ -118,13 +118,15 @@ def head_seconds(head, vocab_size, prefix):
     return median_seconds(expand, device)
 
 
-def measured_costs(target, head):
+def measured_costs(target, head, batch_size=1):
     """(r, c, seconds) for sizing: the target's tree-pass cost curve r(1..MAX_AUTO_NODES+1), the
-    head's cost per forward in target steps, and that forward's seconds, timed here and now."""
+    head's cost per forward in target steps, and that forward's seconds, timed here and now. In a
+    batch of B rows r is the batch's curve and c counts B head forwards (one per row) against one
+    batched target step."""
     prefix = profile_prefix(target)
-    r, step = cost_curve(target, min(MAX_AUTO_NODES + 1, prefix), prefix, tree=True)
+    r, step = cost_curve(target, min(MAX_AUTO_NODES + 1, prefix), prefix, tree=True, batch_size=batch_size)
     seconds = head_seconds(head, target.config.vocab_size, prefix)
-    return extended(r, MAX_AUTO_NODES + 1), seconds / step, seconds
+    return extended(r, MAX_AUTO_NODES + 1), batch_size * seconds / step, seconds
 
 
 class Eagle(Proposer):

@@ -95,11 +95,12 @@ def trie_size(sequences, depth):
     return len({tuple(seq[:d]) for seq in sequences for d in range(1, min(depth, len(seq)) + 1)})
 
 
-def measured_cost(model, window, ngram_size, max_ngrams):
-    """The target's cost curve for tree passes up to the largest a lookahead pass can be, timed
-    here and now, and extended by its slope past half the context."""
+def measured_cost(model, window, ngram_size, max_ngrams, batch_size=1):
+    """The target's cost curve for tree passes up to the largest a lookahead pass can be (of a
+    batch of batch_size rows), timed here and now, and extended by its slope past half the context."""
     largest_pass, prefix = (window + max_ngrams) * (ngram_size - 1) + 1, profile_prefix(model)
-    return extended(cost_curve(model, min(largest_pass, prefix), prefix, repeats=5, tree=True)[0], largest_pass)
+    curve = cost_curve(model, min(largest_pass, prefix), prefix, repeats=5, tree=True, batch_size=batch_size)[0]
+    return extended(curve, largest_pass)
 
 
 class Lookahead(Proposer):

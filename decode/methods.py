@@ -111,33 +111,36 @@ def parse_setting(method, setting):
 
 
 def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=lookahead.SIZING,
-                  pool_from_prompt=False, typical=False, costs=None, eagle_head=None):
+                  pool_from_prompt=False, typical=False, costs=None, eagle_head=None, batch_size=1):
     """The proposer of `method` with `setting` (parse_setting's input; None = the default).
     draft_model: the draft GPT, for "draft"; heads: (MedusaHeads, their checkpoint dict), for
     "medusa"; eagle_head: (EagleHead, its checkpoint dict), for "eagle". sizing and pool_from_prompt are lookahead's options, typical Medusa's. costs: the
     StoredCosts that the methods which size themselves to the machine read their costs from (by
-    default they are measured now)."""
+    default they are measured now); batch_size: the batch the proposer's row decodes in, whose
+    costs size it."""
     value = parse_setting(method, METHODS[method].default if setting is None else setting)
     costs = costs or StoredCosts()
+    batch = f" batch {batch_size}" if batch_size > 1 else ""
     if method == "none":
         return Plain()
     if method == "draft":
         k, schedule = value
-        measured = (costs.get("draft auto", lambda: draft.measured_costs(target, draft_model))
+        measured = (costs.get("draft auto" + batch, lambda: draft.measured_costs(target, draft_model, batch_size))
                     if schedule == "auto" else None)
         return draft.DraftModel(draft_model, k, schedule, costs=measured)
     if method == "jacobi":
         return jacobi.Jacobi(value)
     if method == "lookahead":
-        cost = (costs.get("lookahead " + ",".join(map(str, value)),
-                          lambda: lookahead.measured_cost(target, *value)) if sizing == "auto" else None)
+        cost = (costs.get("lookahead " + ",".join(map(str, value)) + batch,
+                          lambda: lookahead.measured_cost(target, *value, batch_size)) if sizing == "auto" else None)
         return lookahead.Lookahead(*value, pool_from_prompt=pool_from_prompt, cost=cost)
     if method == "prompt-lookup":
         return prompt_lookup.PromptLookup(*value)
     if method == "eagle":
         shape, size = value
         head, state = eagle_head
-        measured = costs.get("eagle", lambda: eagle.measured_costs(target, head)) if size == "auto" else None
+        measured = (costs.get("eagle" + batch, lambda: eagle.measured_costs(target, head, batch_size))
+                    if size == "auto" else None)
         return eagle.Eagle(head, shape, size, costs=measured, ranks=state.get("ranks"))
     module, state = heads
     if value == "saved":

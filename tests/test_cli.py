@@ -1,4 +1,5 @@
 """The command-line tools: they work, and bad input gets one clear line and a non-zero exit."""
+import importlib.util
 import json
 import os
 
@@ -84,6 +85,7 @@ def test_bench_plots(tiny_checkpoint, tmp_path):
     (["--methods", "eagle", "--eagle", "tree:8", "bush:3"], ["--eagle", "chain:K"]),
     (["--methods", "warp"], ["unknown method"]),
     (["--num-prompts", "0"], ["--num-prompts"]),
+    (["--batch-sizes", "0", "4"], ["--batch-sizes"]),
 ])
 def test_bench_bad_input(tiny_checkpoint, args, words):
     assert_one_line_error(run_cli("bench.py", "--out-dir", tiny_checkpoint, *args), *words)
@@ -106,6 +108,7 @@ def test_bench_bad_input(tiny_checkpoint, args, words):
     (["--spec", "medusa", "--medusa-tree", "300"], ["--medusa-tree", "256"]),
     (["--spec", "eagle", "--eagle", "tree:100"], ["--eagle", "tree:N", "64"]),
     (["--spec", "eagle", "--eagle", "chain"], ["--eagle", "chain:K"]),
+    (["--batch-size", "4"], ["--batch-size", "--prompt-file"]),
 ])
 def test_generate_bad_input(tiny_checkpoint, args, words):
     if "cuda" in args and torch.cuda.is_available():
@@ -119,6 +122,39 @@ def test_generate_without_or_with_a_foreign_checkpoint(tmp_path):
     assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "not a SpecGPT checkpoint")
     torch.save({"state_dict": {}}, tmp_path / "target.pt")
     assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "not a SpecGPT checkpoint")
+
+
+def test_bench_batch_sizes(tiny_checkpoint, tmp_path):
+    plot = ["--plot", tmp_path / "plots"] if importlib.util.find_spec("matplotlib") else []
+    r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--batch-sizes", "1", "3", "--max-new-tokens", "8",
+                "--dtype", "float64", "--json", *plot)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["num_prompts"] == 3  # the largest batch size
+    rows = result["rows"]
+    assert {(row["method"], row["batch_size"]) for row in rows} >= {
+        ("none", 1), ("none", 3), ("draft auto", 3), ("eagle tree:auto", 3), ("lookahead 2,2,2 sized (default)", 3)}
+    assert all(row["identical_to_plain"] == 1.0 for row in rows)
+    if plot:
+        assert (tmp_path / "plots" / "batch.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_generate_batches_of_prompts_say_what_each_prompt_says_alone(tiny_checkpoint, tmp_path):
+    prompts = ["ROMEO:", "To be", "", "And so\nthe king", "O"]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(p) for p in prompts[:3]) + "\n"
+                                      + "\n".join(json.dumps({"prompt": p}) for p in prompts[3:]))
+    common = ["--out-dir", tiny_checkpoint, "--dtype", "float64", "--temperature", "0", "--max-new-tokens", "30"]
+    r = run_cli("generate.py", *common, "--prompt-file", tmp_path / "p.jsonl", "--batch-size", "2",
+                "--spec", "draft", "--compare", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["prompt"] for row in rows] == ["ROMEO:", "To be", "\n", "And so\nthe king", "O"]
+    assert all(row["identical_to_plain"] for row in rows) and "identical to plain: 5 of 5" in r.stderr
+    alone = run_cli("generate.py", *common, "--prompt", "To be", "--json")
+    assert json.loads(alone.stdout)["text"] == rows[1]["text"]
+    (tmp_path / "bad.jsonl").write_text('"fine"\n{"text": 3}\n')
+    assert_one_line_error(run_cli("generate.py", *common, "--prompt-file", tmp_path / "bad.jsonl", "--batch-size", "2"),
+                          "line 2")
 
 
 def test_non_utf8_prompt_file(tiny_checkpoint, tmp_path):
