@@ -17,12 +17,15 @@ import torch
 import torch.nn.functional as F
 
 
-def keys_mask(lengths, inner, total):
+def keys_mask(lengths, inner, total, n=None):
     """Which of `total` keys each new position sees, when the new keys follow a committed prefix of
-    `lengths` keys: the prefix, then what `inner` (bool (n, n) or (B, n, n)) allows among the new.
+    `lengths` keys: the prefix, then what `inner` (bool (n, n) or (B, n, n)) allows among the new,
+    or with inner=None, each of the n new positions itself and those before it (causal).
     lengths: a 0-d tensor (one prefix for every row) or (B,). Returns bool (n, total) or (B, n, total)."""
+    key = torch.arange(total, device=lengths.device)
+    if inner is None:  # a comparison, cheaper than the gather below: key <= prefix + i
+        return key <= lengths[..., None, None] + torch.arange(n, device=lengths.device)[:, None]
     n = inner.size(-1)
-    key = torch.arange(total, device=inner.device)
     offset = key - lengths[..., None]  # a key's place among the new positions: (total,) or (B, total)
     new = (offset >= 0) & (offset < n)
     inner = inner.expand(*offset.shape[:-1], n, n)
@@ -52,8 +55,7 @@ def reference_attention(q, k, v, mask=None, lengths=None):
                              f"got {mask.dtype} {tuple(mask.shape)}")
         if lengths is None:
             lengths = torch.full((q.size(0),), prefix, device=q.device)
-        inner = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() if mask is None else mask
-        full = keys_mask(lengths, inner, total)  # (B, n, P+n)
+        full = keys_mask(lengths, mask, total, n)  # (B, n, P+n)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=full[:, None])
     if mask is None:
         if n == 1:  # a lone query sees everything: no mask at all
