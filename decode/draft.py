@@ -11,10 +11,14 @@ How many guesses per round:
   - "auto": the k that maximises expected tokens per unit of time, E(k) / (r(k+1) + k*c), where
     E(k) = (1 - alpha^(k+1)) / (1 - alpha) for the running acceptance estimate alpha, r is the
     target's verify-pass cost curve and c the draft's step cost, both measured on this machine
-    (in a batch: the batch's pass costs, and the draft steps of all its rows); k = 0, a plain step,
-    when no k is predicted to beat one;
+    (in a batch: the batch's pass costs, and the draft steps of all its rows); c is timed alone at
+    first, then rescaled by the proposer's own timing of its steps, which inside the loop run slower
+    than alone (the target's pass has evicted the draft's weights from the cache); k = 0, a plain
+    step, when no k is predicted to beat one;
   - "heuristic": Hugging Face transformers' schedule, k + 2 after a fully accepted round, else k - 1.
 """
+import time
+
 import torch
 
 from decode.cost import cost_curve, forward_seconds, profile_prefix
@@ -27,6 +31,7 @@ DEFAULT_K = 4               # guesses per round; also where "auto" and "heuristi
 MAX_K = 16                  # the largest fixed k
 AUTO_K_MAX = 8              # the most that "auto" and "heuristic" grow to
 ALPHA_PRIOR, PRIOR_WEIGHT = 0.6, 4  # the acceptance assumed before any round is judged
+COST_DECAY = 0.2            # the weight of the latest round in the running cost of a draft step
 
 
 def expected_tokens(alpha, k):
@@ -49,23 +54,25 @@ def parse_k(value):
 
 
 def measured_costs(target, draft, batch_size=1):
-    """(r, c) for "auto": the target's chain-pass cost curve r(1..AUTO_K_MAX+1) and the draft's step
-    cost c in target steps, timed here and now. In a batch of B rows r is the batch's curve and c
-    counts the B draft steps (one per row) against one batched target step."""
+    """(r, c, seconds) for "auto": the target's chain-pass cost curve r(1..AUTO_K_MAX+1), the draft's
+    step cost c in target steps and that step's seconds, timed here and now. In a batch of B rows r
+    is the batch's curve and c counts the B draft steps (one per row) against one batched target step."""
     r, target_step = cost_curve(target, AUTO_K_MAX + 1, profile_prefix(target), batch_size=batch_size)
-    return r, batch_size * forward_seconds(draft, 1, profile_prefix(draft)) / target_step
+    seconds = forward_seconds(draft, 1, profile_prefix(draft))
+    return r, batch_size * seconds / target_step, seconds
 
 
 class DraftModel(Proposer):
     def __init__(self, draft, k=DEFAULT_K, schedule="fixed", target=None, costs=None):
-        """schedule "auto" needs the costs (r, c) of measured_costs: given, or measured from `target`."""
+        """schedule "auto" needs the costs (r, c, seconds) of measured_costs: given, or measured from `target`."""
         self.draft = draft
         self.schedule = schedule
         self.k_max = k if schedule == "fixed" else AUTO_K_MAX
         self.k_start = k
         self.max_candidates = self.k_max
         if schedule == "auto":  # the cost model of the choice
-            self.r, self.c = costs or measured_costs(target, draft)
+            self.r, self.bare_c, self.step_seconds = costs or measured_costs(target, draft)
+            self.c = self.bare_c  # corrected as the rounds' steps are timed
 
     def start(self, prompt):
         self.cache = self.draft.new_cache(scratch=1)
@@ -94,6 +101,7 @@ class DraftModel(Proposer):
         k = min(self.choose_k(), max_depth)
         if k == 0:  # a plain step pays best; the draft catches up when it next guesses
             return None
+        started, forwards = time.perf_counter(), self.forwards
         # the draft will hold its window of the text plus k - 1 of its own guesses
         if self.context.slide_if_full(len(tokens), ahead=k - 1):
             k = min(k, self.draft.config.block_size // 2)
@@ -112,6 +120,9 @@ class DraftModel(Proposer):
             if i < k - 1:  # the last guess is only checked, never extended
                 logits = self._step([guess])
         self.k_used = k
+        if self.schedule == "auto":  # c as this loop pays it: seconds per step, against the step timed alone
+            paid = (time.perf_counter() - started) / (self.forwards - forwards) / self.step_seconds
+            self.c = (1 - COST_DECAY) * self.c + COST_DECAY * self.bare_c * paid
         return Candidates.chain(guesses, torch.stack(draft_probs) if draft_probs else None)
 
     def update(self, tokens, verdict, logits, hidden):

@@ -125,7 +125,7 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
         return Plain()
     if method == "draft":
         k, schedule = value
-        measured = (costs.get("draft auto" + batch, lambda: draft.measured_costs(target, draft_model, batch_size))
+        measured = (costs.get("draft" + batch, lambda: draft.measured_costs(target, draft_model, batch_size))
                     if schedule == "auto" else None)
         return draft.DraftModel(draft_model, k, schedule, costs=measured)
     if method == "jacobi":

@@ -35,7 +35,9 @@ TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
 DRAFTS = {"close": perturbed_copy(TARGET, 0.15, seed=1), "medium": perturbed_copy(TARGET, 0.3, seed=2),
           "unrelated": tiny_model(seed=7, n_layer=1)}
 PROMPTS = [[5], [1, 2, 3, 4, 5, 6, 7], list(range(10, 30)), [63] * 31]
-CHEAP = ([1.0 + 0.1 * n for n in range(9)], 0.1)  # (r, c) for auto k: cheap passes, a cheap draft, not this machine's
+# (r, c, seconds) for auto k: cheap passes and a cheap draft whose timed steps cost nothing against
+# an infinite bare time, so that its sizing never depends on this machine's speed
+CHEAP = ([1.0 + 0.1 * n for n in range(9)], 0.1, float("inf"))
 
 
 @pytest.mark.parametrize("draft", list(DRAFTS))
@@ -57,7 +59,7 @@ def test_greedy_draft_is_token_identical_to_plain(draft, k):
 def test_auto_k_turns_the_draft_off_where_no_k_pays():
     """With passes as dear as their tokens, no guess can pay: auto decodes plainly, never running the
     draft, and says so in its statistics."""
-    proposer = DraftModel(DRAFTS["close"], 4, "auto", costs=([float(n) for n in range(1, 10)], 0.1))
+    proposer = DraftModel(DRAFTS["close"], 4, "auto", costs=([float(n) for n in range(1, 10)], 0.1, float("inf")))
     spec, stats = generate(TARGET, [5], 30, Sampling(), proposer=proposer)
     assert spec == generate(TARGET, [5], 30, Sampling())[0]
     assert stats.target_forwards == 30 and stats.judged == 0 and stats.draft_forwards == 0
