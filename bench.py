@@ -292,8 +292,9 @@ def build_rows(args, model, draft, heads, eagle_head, methods, costs):
 
 def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_seconds):
     """--batch-sizes: every row decodes the prompts in batches of each size. A batch's speculation
-    costs a pass of B rows x n tokens, r_B(n) times a plain batched step, plus the drafters' forwards,
-    which run row by row: B x d x (a draft forward's seconds) / (the batched step's seconds)."""
+    costs a pass of B rows x n tokens, r_B(n) times a plain batched step, n being the longest row's
+    pass (the others are padded to it), plus the drafters' forwards, which run row by row:
+    B x d x (a draft forward's seconds) / (the batched step's seconds)."""
     prefix = profile_prefix(model)
     results = []
     for batch_size in args.batch_sizes:
@@ -306,7 +307,8 @@ def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_s
             same = sum(a == b for a, b in zip(outputs[label], outputs["none"])) / len(prompts) if sampling.greedy else None
             results.append(dict(method=label, batch_size=batch_size, tau=s.tau, alpha=s.alpha,
                                 tokens_per_s=s.new_tokens / seconds[label], speedup=s.new_tokens / seconds[label] / base,
-                                predicted_speedup=s.tau / (s.pass_cost(r) + draft_cost), identical_to_plain=same,
+                                predicted_speedup=s.tau / (s.pass_cost(r, padded=True) + draft_cost),
+                                identical_to_plain=same,
                                 r=r, step_ms=1e3 * step))
     settings = dict(num_prompts=len(prompts), prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, seed=args.seed, batch_sizes=args.batch_sizes)

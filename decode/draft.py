@@ -14,7 +14,7 @@ How many guesses per round:
     (in a batch: the batch's pass costs, and the draft steps of all its rows); c is timed alone at
     first, then rescaled by the proposer's own timing of its steps, which inside the loop run slower
     than alone (the target's pass has evicted the draft's weights from the cache); k = 0, a plain
-    step, when no k is predicted to beat one;
+    step, when no k is predicted to beat one (probing now and then, since the text may change);
   - "heuristic": Hugging Face transformers' schedule, k + 2 after a fully accepted round, else k - 1.
 """
 import time
@@ -32,6 +32,8 @@ MAX_K = 16                  # the largest fixed k
 AUTO_K_MAX = 8              # the most that "auto" and "heuristic" grow to
 ALPHA_PRIOR, PRIOR_WEIGHT = 0.6, 4  # the acceptance assumed before any round is judged
 COST_DECAY = 0.2            # the weight of the latest round in the running cost of a draft step
+PROBE_ROUNDS = 16           # while auto decodes plainly, it guesses anyway once in this many rounds, to
+#                             measure the acceptance and the step cost again
 
 
 def expected_tokens(alpha, k):
@@ -81,13 +83,18 @@ class DraftModel(Proposer):
         self.k = self.k_start
         self.k_used = 0  # guesses proposed this round
         self.accepted = self.judged = 0
+        self.plain_rounds = 0  # in a row, while auto finds that no k pays
 
     def choose_k(self):
         if self.schedule != "auto":
             return self.k
         alpha = (self.accepted + ALPHA_PRIOR * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
         k = max(range(1, self.k_max + 1), key=lambda k: predicted_speedup(alpha, k, self.r, self.c))
-        return k if predicted_speedup(alpha, k, self.r, self.c) > 1 else 0
+        if predicted_speedup(alpha, k, self.r, self.c) > 1:
+            self.plain_rounds = 0
+            return k
+        self.plain_rounds += 1
+        return k if self.plain_rounds % PROBE_ROUNDS == 0 else 0
 
     def _step(self, new_tokens):
         """Feed new_tokens to the draft, keep them, return the logits after the last one."""
@@ -101,13 +108,13 @@ class DraftModel(Proposer):
         k = min(self.choose_k(), max_depth)
         if k == 0:  # a plain step pays best; the draft catches up when it next guesses
             return None
-        started, forwards = time.perf_counter(), self.forwards
         # the draft will hold its window of the text plus k - 1 of its own guesses
         if self.context.slide_if_full(len(tokens), ahead=k - 1):
             k = min(k, self.draft.config.block_size // 2)
-        logits = self._step(tokens[self.context.cached:])
+        logits = self._step(tokens[self.context.cached:])  # the catch-up: often two tokens, a whole prompt at first
         self.context.cached = len(tokens)
         self.root_length = self.cache.length
+        started = time.perf_counter()
         guesses, draft_probs = [], []
         for i in range(k):
             if sampling.greedy:  # the verifier needs no q: a greedy guess stands or falls by the argmax
@@ -120,8 +127,8 @@ class DraftModel(Proposer):
             if i < k - 1:  # the last guess is only checked, never extended
                 logits = self._step([guess])
         self.k_used = k
-        if self.schedule == "auto":  # c as this loop pays it: seconds per step, against the step timed alone
-            paid = (time.perf_counter() - started) / (self.forwards - forwards) / self.step_seconds
+        if self.schedule == "auto" and k > 1:  # c as this loop pays it: a guess's step, against one timed alone
+            paid = (time.perf_counter() - started) / (k - 1) / self.step_seconds
             self.c = (1 - COST_DECAY) * self.c + COST_DECAY * self.bare_c * paid
         return Candidates.chain(guesses, torch.stack(draft_probs) if draft_probs else None)
 

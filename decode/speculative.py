@@ -174,6 +174,7 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
                     on_token(row.index, token, source)
             stats.target_forwards += 1
             stats.pass_sizes[row.pass_size - len(row.tail) + 1] += 1
+            stats.pass_widths[idx.size(1)] += 1
             stats.judged += verdict.judged
             stats.accepted += len(verdict.path)
             if candidates:

@@ -9,6 +9,9 @@ class DecodeStats:
     target_forwards: int = 0  # every pass of the target, prefill and re-prefills included
     pass_sizes: Counter = field(default_factory=Counter)  # passes by tokens checked or carried: root,
     #                                                       candidates, side branch (not the uncached context)
+    # in a batch, passes by their width: the tokens of every row's pass, padded to the longest row's
+    # (uncached context included), which is what a batched pass pays for
+    pass_widths: Counter = field(default_factory=Counter)
     draft_forwards: int = 0
     judged: int = 0           # candidates the verifier accepted or rejected
     accepted: int = 0         # of those, the ones it kept
@@ -43,17 +46,19 @@ class DecodeStats:
         judged = self.depth_judged[depth]
         return self.depth_accepted[depth] / judged if judged else None
 
-    def _mean_over_passes(self, value):
-        """The mean of value(n) over the passes, n being a pass's size."""
-        return sum(value(n) * count for n, count in self.pass_sizes.items()) / max(1, self.pass_sizes.total())
+    def _mean_over_passes(self, value, sizes=None):
+        """The mean of value(n) over the passes, n being a pass's size (or its entry in `sizes`)."""
+        sizes = self.pass_sizes if sizes is None else sizes
+        return sum(value(n) * count for n, count in sizes.items()) / max(1, sizes.total())
 
     @property
     def mean_pass(self):
         return self._mean_over_passes(lambda n: n)
 
-    def pass_cost(self, r):
-        """Mean cost of a pass in single-token steps, for the cost curve r = [r(1), r(2), ...]."""
-        return self._mean_over_passes(lambda n: r[min(n, len(r)) - 1])
+    def pass_cost(self, r, padded=False):
+        """Mean cost of a pass in single-token steps, for the cost curve r = [r(1), r(2), ...];
+        padded: of the batched passes, by their width."""
+        return self._mean_over_passes(lambda n: r[min(n, len(r)) - 1], self.pass_widths if padded else None)
 
     @property
     def rounds(self):
