@@ -14,7 +14,7 @@ How many guesses per round:
     (in a batch: the batch's pass costs, and the draft steps of all its rows); c is timed alone at
     first, then rescaled by the proposer's own timing of its steps, which inside the loop run slower
     than alone (the target's pass has evicted the draft's weights from the cache); k = 0, a plain
-    step, when no k is predicted to beat one (probing now and then, since the text may change);
+    step, when no k is predicted to beat one (probing now and then, ever more rarely);
   - "heuristic": Hugging Face transformers' schedule, k + 2 after a fully accepted round, else k - 1.
 """
 import time
@@ -32,8 +32,9 @@ MAX_K = 16                  # the largest fixed k
 AUTO_K_MAX = 8              # the most that "auto" and "heuristic" grow to
 ALPHA_PRIOR, PRIOR_WEIGHT = 0.6, 4  # the acceptance assumed before any round is judged
 COST_DECAY = 0.2            # the weight of the latest round in the running cost of a draft step
-PROBE_ROUNDS = 16           # while auto decodes plainly, it guesses anyway once in this many rounds, to
-#                             measure the acceptance and the step cost again
+# while auto decodes plainly it guesses anyway after 16 rounds, to measure the acceptance and the
+# step cost again, then after twice as many, up to 64: a probe costs a whole round of draft steps
+PROBE_ROUNDS, MAX_PROBE_ROUNDS = 16, 64
 
 
 def expected_tokens(alpha, k):
@@ -83,7 +84,8 @@ class DraftModel(Proposer):
         self.k = self.k_start
         self.k_used = 0  # guesses proposed this round
         self.accepted = self.judged = 0
-        self.plain_rounds = 0  # in a row, while auto finds that no k pays
+        self.plain_rounds = 0  # since auto last guessed, while it finds that no k pays
+        self.probe_after = PROBE_ROUNDS
 
     def choose_k(self):
         if self.schedule != "auto":
@@ -91,10 +93,13 @@ class DraftModel(Proposer):
         alpha = (self.accepted + ALPHA_PRIOR * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
         k = max(range(1, self.k_max + 1), key=lambda k: predicted_speedup(alpha, k, self.r, self.c))
         if predicted_speedup(alpha, k, self.r, self.c) > 1:
-            self.plain_rounds = 0
+            self.plain_rounds, self.probe_after = 0, PROBE_ROUNDS
             return k
         self.plain_rounds += 1
-        return k if self.plain_rounds % PROBE_ROUNDS == 0 else 0
+        if self.plain_rounds < self.probe_after:
+            return 0
+        self.plain_rounds, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_ROUNDS)
+        return k
 
     def _step(self, new_tokens):
         """Feed new_tokens to the draft, keep them, return the logits after the last one."""

@@ -162,6 +162,7 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
         t3 = clock()
         cache.commit([list(range(len(row.tail))) + [len(row.tail) - 1 + c for c in verdict.path]
                       for row, verdict in zip(active, verdicts)])
+        width = max(row.pass_size - len(row.tail) + 1 for row in active)  # the padded pass, as pass_sizes counts
         for b, (row, verdict) in enumerate(zip(active, verdicts)):
             candidates, stats = row.candidates, row.stats
             row.window.cached = len(row.tokens) + len(verdict.path)
@@ -174,7 +175,7 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
                     on_token(row.index, token, source)
             stats.target_forwards += 1
             stats.pass_sizes[row.pass_size - len(row.tail) + 1] += 1
-            stats.pass_widths[idx.size(1)] += 1
+            stats.pass_widths[width] += 1
             stats.judged += verdict.judged
             stats.accepted += len(verdict.path)
             if candidates:

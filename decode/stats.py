@@ -9,8 +9,8 @@ class DecodeStats:
     target_forwards: int = 0  # every pass of the target, prefill and re-prefills included
     pass_sizes: Counter = field(default_factory=Counter)  # passes by tokens checked or carried: root,
     #                                                       candidates, side branch (not the uncached context)
-    # in a batch, passes by their width: the tokens of every row's pass, padded to the longest row's
-    # (uncached context included), which is what a batched pass pays for
+    # in a batch, passes by their width: each row's pass_sizes entry, padded to the longest row's,
+    # which is what a batched pass pays for
     pass_widths: Counter = field(default_factory=Counter)
     draft_forwards: int = 0
     judged: int = 0           # candidates the verifier accepted or rejected
