@@ -290,6 +290,20 @@ def build_rows(args, model, draft, heads, eagle_head, methods, costs):
     return rows
 
 
+def report_start(args, header, rows, how="", **settings):
+    """With --json, print the run (header, settings, rows) as one JSON object and return True: nothing
+    more to print. Otherwise print the tables' two header lines."""
+    settings = dict(num_prompts=args.num_prompts, prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, **settings)
+    if args.json:
+        print(json.dumps(dict(header, **settings, rows=rows)))
+        return True
+    print(f"# {header['command']}  ({machine(header)}, {header['params_millions']}M parameters)")
+    print(f"# {args.num_prompts} held-out prompts x {args.prompt_len} tokens, {args.max_new_tokens} new tokens each, "
+          f"{header['sampling']}{how}")
+    return False
+
+
 def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_seconds):
     """--batch-sizes: every row decodes the prompts in batches of each size. A batch's speculation
     costs a pass of B rows x n tokens, r_B(n) times a plain batched step, n being the longest row's
@@ -310,16 +324,10 @@ def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_s
                                 predicted_speedup=s.tau / (s.pass_cost(r, padded=True) + draft_cost),
                                 identical_to_plain=same,
                                 r=r, step_ms=1e3 * step))
-    settings = dict(num_prompts=len(prompts), prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, seed=args.seed, batch_sizes=args.batch_sizes)
     if args.plot:
         plot_batches(results, header, args.plot)
-    if args.json:
-        print(json.dumps(dict(header, **settings, rows=results)))
+    if report_start(args, header, results, ", decoded in batches of each size", batch_sizes=args.batch_sizes):
         return 0
-    print(f"# {header['command']}  ({machine(header)}, {header['params_millions']}M parameters)")
-    print(f"# {len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.max_new_tokens} new tokens each, "
-          f"{header['sampling']}, decoded in batches of each size")
     width = max(28, max(len(r["method"]) for r in results) + 2)
     for batch_size in args.batch_sizes:
         batch = [r for r in results if r["batch_size"] == batch_size]
@@ -446,14 +454,8 @@ def main(argv=None):
                          speedup=s.tokens_per_s / base, predicted_speedup=predicted, new_tokens=s.new_tokens))
     if args.plot:
         plot(rows, cost["r"], header, args.plot)
-    settings = dict(num_prompts=args.num_prompts, prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, **cost)
-    if args.json:
-        print(json.dumps(dict(header, **settings, rows=rows)))
+    if report_start(args, header, rows, **cost):
         return 0
-    print(f"# {header['command']}  ({machine(header)}, {header['params_millions']}M parameters)")
-    print(f"# {args.num_prompts} held-out prompts x {args.prompt_len} tokens, {args.max_new_tokens} new tokens each, "
-          f"{header['sampling']}")
     print("# cost model: " + (f"draft step c = {cost['c']:.3f} target steps; " if "c" in cost else "")
           + (f"EAGLE head forward c = {cost['c_eagle']:.3f}; " if "c_eagle" in cost else "")
           + f"r(2..{len(cost['r'])}) = " + " ".join(f"{r:.2f}" for r in cost["r"][1:]))
