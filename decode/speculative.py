@@ -60,6 +60,11 @@ class _Row:
     def pass_size(self):
         return len(self.tail) + len(self.candidates) + (len(self.candidates.side.tokens) if self.candidates.side else 0)
 
+    @property
+    def checked_size(self):
+        """The pass's tokens that are checked or carried (root, candidates, side), as pass_sizes counts."""
+        return self.pass_size - len(self.tail) + 1
+
     def pass_tokens(self):
         side = self.candidates.side.tokens if self.candidates.side else []
         return self.tail + self.candidates.tokens + side
@@ -162,8 +167,8 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
         t3 = clock()
         cache.commit([list(range(len(row.tail))) + [len(row.tail) - 1 + c for c in verdict.path]
                       for row, verdict in zip(active, verdicts)])
-        width = max(row.pass_size - len(row.tail) + 1 for row in active)  # the padded pass, as pass_sizes counts
-        for b, (row, verdict) in enumerate(zip(active, verdicts)):
+        width = max(row.checked_size for row in active)  # the pass padded to its longest row
+        for row, verdict in zip(active, verdicts):
             candidates, stats = row.candidates, row.stats
             row.window.cached = len(row.tokens) + len(verdict.path)
             accepted = [candidates.tokens[c - 1] for c in verdict.path]
@@ -174,7 +179,7 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
                 for token, source in new:
                     on_token(row.index, token, source)
             stats.target_forwards += 1
-            stats.pass_sizes[row.pass_size - len(row.tail) + 1] += 1
+            stats.pass_sizes[row.checked_size] += 1
             stats.pass_widths[width] += 1
             stats.judged += verdict.judged
             stats.accepted += len(verdict.path)
