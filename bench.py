@@ -18,8 +18,10 @@ tau / (mean r(n) + d*c), with r(n) the target's verify-pass cost curve at each p
 forward and c the step cost of the draft model or of the EAGLE head (for k draft guesses:
 r(k+1) + k*c). Greedy rows also say on what share of the prompts they wrote exactly plain
 decoding's tokens: all of them in float64; in float32 and below a pass over several tokens rounds
-differently from single steps, and a near-tie can flip. A second table says where each row's
-rounds spent their time, a third how often candidates were accepted at each depth.
+differently from single steps, and a near-tie can flip. Each method decodes as generate.py's
+does, with the measured fallback (decode/fallback.py) unless --no-fallback: "held" is the share of
+its rounds it kept plain, which its prediction counts as plain steps. A second table says where
+each row's rounds spent their time, a third how often candidates were accepted at each depth.
 """
 import json
 import os
@@ -30,7 +32,7 @@ import torch
 
 import cli
 from data import read_text, split_text
-from decode import Plain, generate_batch
+from decode import Fallback, Plain, generate_batch
 from decode.cost import cost_curve, forward_seconds, profile_prefix
 from decode.draft import AUTO_K_MAX, predicted_speedup
 from decode.eagle import head_seconds
@@ -53,6 +55,7 @@ ROWS = {  # the settings benchmarked by default, one row each
 # default row runs anyway
 BATCH_ROWS = {"draft": ["4", "auto"], "lookahead": []}
 NOISE_ROW = "none again (noise)"
+PLAIN_ROWS = ("none", NOISE_ROW)
 MAX_BATCH = 256
 ALPHAS = (0.6, 0.7, 0.8)  # acceptance rates at which --profile predicts a draft's speedup (it measures none)
 DEPTHS = 4  # depths at which each row's acceptance is reported
@@ -107,13 +110,15 @@ def held_out_prompts(tokenizer, text, n, length, seed):
     return [val[s:s + length] for s in starts]
 
 
-def run_interleaved(model, rows, prompts, sampling, max_new_tokens, seed, batch_size=1):
+def run_interleaved(model, rows, prompts, sampling, max_new_tokens, seed, batch_size=1, fallback=True):
     """For rows {label: a function making its proposer}, decode the prompts in batches of
     batch_size, the rows interleaved round-robin over the batches. Returns (total DecodeStats per
     row, each row's outputs in prompt order, each row's wall seconds). Each row keeps batch_size
-    proposers for the whole run, as a user's decoder would (some learn as they go)."""
+    proposers, and with `fallback` a Fallback, for the whole run, as a user's decoder would (some
+    learn as they go)."""
     labels = list(rows)
     proposers = {label: [rows[label](batch_size) for _ in range(batch_size)] for label in labels}
+    fallbacks = {label: Fallback() if fallback and label not in PLAIN_ROWS else None for label in labels}
     totals = {label: DecodeStats() for label in labels}
     outputs = {label: [] for label in labels}
     seconds = dict.fromkeys(labels, 0.0)
@@ -125,7 +130,7 @@ def run_interleaved(model, rows, prompts, sampling, max_new_tokens, seed, batch_
             generator = torch.Generator(model.lm_head.weight.device).manual_seed(seed + i)  # same draws for all
             started = time.perf_counter()
             new, stats = generate_batch(model, batch, max_new_tokens, sampling, generator,
-                                        proposers=proposers[label][:len(batch)])
+                                        proposers=proposers[label][:len(batch)], fallback=fallbacks[label])
             seconds[label] += time.perf_counter() - started
             outputs[label] += new
             for row_stats in stats:
@@ -314,7 +319,7 @@ def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_s
     for batch_size in args.batch_sizes:
         r, step = cost_curve(model, max_pass, prefix, batch_size=batch_size)
         totals, outputs, seconds = run_interleaved(model, rows, prompts, sampling, args.max_new_tokens, args.seed,
-                                                   batch_size)
+                                                   batch_size, args.fallback)
         base = totals["none"].new_tokens / seconds["none"]
         for label, s in totals.items():
             draft_cost = batch_size * step_seconds.get(label.split()[0], 0.0) / step * s.draft_forwards / s.target_forwards
@@ -322,7 +327,7 @@ def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_s
             results.append(dict(method=label, batch_size=batch_size, tau=s.tau, alpha=s.alpha,
                                 tokens_per_s=s.new_tokens / seconds[label], speedup=s.new_tokens / seconds[label] / base,
                                 predicted_speedup=s.tau / (s.pass_cost(r, padded=True) + draft_cost),
-                                identical_to_plain=same,
+                                identical_to_plain=same, held=s.held,
                                 r=r, step_ms=1e3 * step))
     if args.plot:
         plot_batches(results, header, args.plot)
@@ -333,18 +338,21 @@ def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_s
         batch = [r for r in results if r["batch_size"] == batch_size]
         print(f"\nbatch size {batch_size}: a plain batched step {batch[0]['step_ms']:.2f} ms; r(2..{len(batch[0]['r'])}) = "
               + " ".join(f"{x:.2f}" for x in batch[0]["r"][1:]))
-        print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'tokens/s':>10}{'speedup':>9}{'predicted':>11}"
+        print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'held':>6}{'tokens/s':>10}{'speedup':>9}{'predicted':>11}"
               + ("  same as plain" if sampling.greedy else ""))
         for r in batch:
             alpha = "-" if r["alpha"] is None else f"{r['alpha']:.2f}"
-            print(f"{r['method']:<{width}}{r['tau']:>6.2f}{alpha:>7}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x"
-                  f"{r['predicted_speedup']:>10.2f}x" + (f"  {r['identical_to_plain']:>12.0%}" if sampling.greedy else ""))
-    print("\nthe smallest batch size at which a method no longer pays (speedup below 1)")
+            print(f"{r['method']:<{width}}{r['tau']:>6.2f}{alpha:>7}{r['held']:>6.0%}{r['tokens_per_s']:>10.1f}"
+                  f"{r['speedup']:>8.2f}x{r['predicted_speedup']:>10.2f}x"
+                  + (f"  {r['identical_to_plain']:>12.0%}" if sampling.greedy else ""))
+    print("\nthe smallest batch size at which a method no longer pays (speedup below 1, or held plain in most rounds)")
     for label in rows:
-        if label in ("none", NOISE_ROW):
+        if label in PLAIN_ROWS:
             continue
-        losing = [r["batch_size"] for r in results if r["method"] == label and r["speedup"] < 1.0]
-        print(f"{label:<{width}}{min(losing) if losing else 'pays at every size measured'}")
+        losing = [r for r in results if r["method"] == label and (r["speedup"] < 1.0 or r["held"] > 0.5)]
+        first = min(losing, key=lambda r: r["batch_size"], default=None)
+        print(f"{label:<{width}}" + (f"{first['batch_size']} ({first['speedup']:.2f}x, held {first['held']:.0%})"
+                                     if first else "pays at every size measured"))
     return 0
 
 
@@ -358,7 +366,7 @@ def plot_batches(results, header, directory):
         mine = [r for r in results if r["method"] == label]
         sizes = [r["batch_size"] for r in mine]
         line, = left.plot(sizes, [r["tokens_per_s"] for r in mine], "o-", ms=3, label=label)
-        if label not in ("none", NOISE_ROW):
+        if label not in PLAIN_ROWS:
             right.plot(sizes, [r["speedup"] for r in mine], "o-", ms=3, color=line.get_color(), label=label)
             right.plot(sizes, [r["predicted_speedup"] for r in mine], "--", color=line.get_color(), lw=0.8)
     for ax, ylabel in ((left, "tokens/s, all rows together"), (right, "speedup over plain batched decoding")):
@@ -435,7 +443,8 @@ def main(argv=None):
     prompts = held_out_prompts(tokenizer, text, args.num_prompts, args.prompt_len, args.seed)
     if args.batch_sizes:
         return bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_seconds)
-    totals, outputs, _ = run_interleaved(model, rows, prompts, sampling, args.max_new_tokens, args.seed)
+    totals, outputs, _ = run_interleaved(model, rows, prompts, sampling, args.max_new_tokens, args.seed,
+                                         fallback=args.fallback)
 
     base = totals["none"].tokens_per_s
     rows = []
@@ -450,7 +459,7 @@ def main(argv=None):
         by_depth = [s.acceptance_at(d) for d in range(1, DEPTHS + 1)]
         rows.append(dict(method=label, identical_to_plain=same, ms_per_round=ms_per_round, tau=s.tau, alpha=s.alpha,
                          acceptance_by_depth=by_depth, target_forwards=s.target_forwards,
-                         draft_forwards=s.draft_forwards, mean_pass=s.mean_pass, tokens_per_s=s.tokens_per_s,
+                         draft_forwards=s.draft_forwards, mean_pass=s.mean_pass, held=s.held, tokens_per_s=s.tokens_per_s,
                          speedup=s.tokens_per_s / base, predicted_speedup=predicted, new_tokens=s.new_tokens))
     if args.plot:
         plot(rows, cost["r"], header, args.plot)
@@ -460,12 +469,12 @@ def main(argv=None):
           + (f"EAGLE head forward c = {cost['c_eagle']:.3f}; " if "c_eagle" in cost else "")
           + f"r(2..{len(cost['r'])}) = " + " ".join(f"{r:.2f}" for r in cost["r"][1:]))
     width = max(28, max(map(len, totals)) + 2)
-    print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'target fw':>11}{'draft fw':>10}{'pass':>6}{'tokens/s':>10}"
+    print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'target fw':>11}{'draft fw':>10}{'pass':>6}{'held':>6}{'tokens/s':>10}"
           f"{'speedup':>9}{'predicted':>11}" + ("  same as plain" if sampling.greedy else ""))
     for r in rows:
         alpha = "-" if r["alpha"] is None else f"{r['alpha']:.2f}"
         print(f"{r['method']:<{width}}{r['tau']:>6.2f}{alpha:>7}{r['target_forwards']:>11}{r['draft_forwards']:>10}"
-              f"{r['mean_pass']:>6.1f}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{r['predicted_speedup']:>10.2f}x"
+              f"{r['mean_pass']:>6.1f}{r['held']:>6.0%}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{r['predicted_speedup']:>10.2f}x"
               + (f"  {r['identical_to_plain']:>12.0%}" if sampling.greedy else ""))
     phases = list(rows[0]["ms_per_round"])  # where the rounds' time went
     print(f"\nmilliseconds per round\n{'method':<{width}}" + "".join(f"{p:>9}" for p in phases) + f"{'round':>9}")

@@ -193,6 +193,10 @@ def add_method_args(parser, rows=None):
         elif method.flag:
             g.add_argument(method.flag, default=method.default, metavar=method.metavar,
                            help=f"{method.help} (default {method.default})")
+    g.add_argument("--no-fallback", dest="fallback", action="store_false",
+                   help="speculate every round, even while plain rounds are measured faster (by default the "
+                        "loop times both and holds the method while it does not pay, trying it again now "
+                        "and then: decode/fallback.py)")
     if rows:
         return
     g.add_argument("--sizing", choices=["auto", "fixed"], default=SIZING,

@@ -18,7 +18,7 @@ import time
 import torch
 
 import cli
-from decode import Plain, generate, generate_batch
+from decode import Fallback, Plain, generate, generate_batch
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from model.eagle import load_eagle
 from model.medusa import load_medusa
@@ -126,10 +126,10 @@ def main(argv=None):
         for warm_up in (proposer, Plain()):
             generate(model, prompt_ids, 4, sampling, proposer=warm_up)
 
-    def decode(proposer, on_token=None):
+    def decode(proposer, on_token=None, fallback=None):
         torch.manual_seed(args.seed)
         generator = torch.Generator(device).manual_seed(args.seed)
-        return generate(model, prompt_ids, args.max_new_tokens, sampling, generator, on_token, proposer)
+        return generate(model, prompt_ids, args.max_new_tokens, sampling, generator, on_token, proposer, fallback)
 
     on_token = None
     if not args.json:
@@ -145,7 +145,7 @@ def main(argv=None):
             sys.stdout.flush()
         on_token = print_token
 
-    new_ids, stats = decode(proposer, on_token)
+    new_ids, stats = decode(proposer, on_token, new_fallback(args))
     text = tokenizer.decode(new_ids)
     chars_per_s = len(text) / stats.seconds if stats.seconds else 0.0
     result = dict(text=text, prompt=prompt, spec=args.spec, setting=setting,
@@ -153,7 +153,7 @@ def main(argv=None):
                   new_tokens=stats.new_tokens,
                   target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
                   tokens_per_s=stats.tokens_per_s, chars_per_s=chars_per_s, seconds=stats.seconds,
-                  tau=stats.tau, alpha=stats.alpha)
+                  tau=stats.tau, alpha=stats.alpha, held=stats.held)
     if args.compare:
         plain_ids, plain_stats = decode(Plain())
         result.update(plain_tokens_per_s=plain_stats.tokens_per_s,
@@ -170,6 +170,7 @@ def main(argv=None):
         line += f" | alpha {stats.alpha:.2f}"
     if stats.draft_forwards:
         line += f" | {stats.draft_forwards} draft forwards"
+    line += held_note(stats.held)
     line += f" | {stats.tokens_per_s:.1f} tokens/s | {chars_per_s:.1f} chars/s"
     if args.compare:
         line += f"\n[none] {result['plain_tokens_per_s']:.1f} tokens/s | speedup {result['speedup']:.2f}x"
@@ -181,21 +182,31 @@ def main(argv=None):
     return 0
 
 
+def new_fallback(args):
+    """The measured fallback to plain rounds, unless --no-fallback (plain decoding needs none)."""
+    return Fallback() if args.fallback and args.spec != "none" else None
+
+
+def held_note(held):
+    return f" | held plain in {held:.0%} of rounds (measured slower)" if held else ""
+
+
 def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, new_proposer):
     """--batch-size: the prompts in batches, each row with its own proposer; each text is printed
     (or written as a JSON line) when its batch is done, then one summary line."""
     size = min(args.batch_size, len(prompts))
     proposers = [new_proposer(size) for _ in range(size)]
     plain = [Plain() for _ in range(size)]
+    fallback = new_fallback(args)  # one for all the batches: what it measured carries over
 
-    def decode(rows):
+    def decode(rows, fallback=None):
         torch.manual_seed(args.seed)
         generator = torch.Generator(device).manual_seed(args.seed)
         outputs, stats, started = [], [], time.perf_counter()
         for i in range(0, len(all_ids), size):
             batch = all_ids[i:i + size]
             new, batch_stats = generate_batch(model, batch, args.max_new_tokens, sampling, generator,
-                                              proposers=rows[:len(batch)])
+                                              proposers=rows[:len(batch)], fallback=fallback)
             outputs += new
             stats += batch_stats
         return outputs, stats, time.perf_counter() - started
@@ -203,7 +214,7 @@ def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, n
     if args.compare:  # a first call pays for allocation and cold caches: neither timed run should
         for rows in (proposers, plain):
             generate_batch(model, all_ids[:size], 4, sampling, proposers=rows[:len(all_ids[:size])])
-    outputs, stats, seconds = decode(proposers)
+    outputs, stats, seconds = decode(proposers, fallback)
     total = sum(s.new_tokens for s in stats)
     if args.compare:
         plain_outputs, _, plain_seconds = decode(plain)
@@ -211,7 +222,7 @@ def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, n
         text = tokenizer.decode(new_ids)
         if args.json:
             row = dict(prompt=prompt, text=text, spec=args.spec, new_tokens=s.new_tokens,
-                       target_forwards=s.target_forwards, tau=s.tau, alpha=s.alpha)
+                       target_forwards=s.target_forwards, tau=s.tau, alpha=s.alpha, held=s.held)
             if args.compare and sampling.greedy:
                 row["identical_to_plain"] = plain_outputs[number] == new_ids
             print(json.dumps(row))
@@ -219,6 +230,7 @@ def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, n
             print(f"--- prompt {number + 1} ---\n{prompt}{text}")
     line = (f"[{args.spec}] {len(prompts)} prompts in batches of {size} | {total} new tokens | "
             f"{total / seconds:.1f} tokens/s in all")
+    line += held_note(sum(s.held_rounds for s in stats) / max(1, sum(s.rounds for s in stats)))
     if args.compare:
         line += f"\n[none] {total / plain_seconds:.1f} tokens/s | speedup {plain_seconds / seconds:.2f}x"
         if sampling.greedy:

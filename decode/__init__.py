@@ -3,6 +3,7 @@ loop, decode.speculative.generate (generate_batch for a batch of prompts); plain
 decode.methods builds any of them by name from its setting."""
 from decode.draft import DraftModel
 from decode.eagle import Eagle
+from decode.fallback import Fallback
 from decode.jacobi import Jacobi
 from decode.lookahead import Lookahead
 from decode.medusa import Medusa
@@ -11,4 +12,4 @@ from decode.prompt_lookup import PromptLookup
 from decode.proposer import Proposer
 from decode.speculative import generate, generate_batch
 
-__all__ = ["DraftModel", "Eagle", "Jacobi", "Lookahead", "Medusa", "Plain", "PromptLookup", "Proposer", "generate", "generate_batch"]
+__all__ = ["DraftModel", "Eagle", "Fallback", "Jacobi", "Lookahead", "Medusa", "Plain", "PromptLookup", "Proposer", "generate", "generate_batch"]

@@ -21,6 +21,9 @@ A batch of prompts runs the same rounds, every row with a proposer of its own: t
 after its own committed length, under its own mask; each row's verdict commits its own path. A
 padding token sees only itself and is never committed, so every row says exactly what it would say
 alone. A row that has its tokens leaves the batch.
+
+Where speculating does not pay (at large batch sizes nothing does), a Fallback (decode/fallback.py)
+keeps the whole batch plain, round by round, for as long as plain rounds are measured faster.
 """
 import time
 from dataclasses import dataclass, field
@@ -100,23 +103,27 @@ def _pass_inputs(rows, cache, device):
 
 
 @torch.inference_mode()
-def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=None, proposer=None):
+def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=None, proposer=None,
+             fallback=None):
     """Continue the token list `prompt` by max_new_tokens tokens, speculating with `proposer`
     (plain decoding when None). on_token(token, source) is called for each new token as soon as it
     is accepted; source is "draft" (an accepted candidate), "corrected" (the target's token in place
     of a rejected candidate), "bonus" (the target's token after a fully accepted path) or "target"
-    (nothing was proposed). Returns (new token ids, DecodeStats)."""
+    (nothing was proposed). fallback: a Fallback that decodes plainly while speculating is measured
+    slower (None: speculate every round). Returns (new token ids, DecodeStats)."""
     streamed = on_token and (lambda row, token, source: on_token(token, source))
     outputs, stats = generate_batch(model, [prompt], max_new_tokens, sampling, generator, streamed,
-                                    [proposer or Plain()])
+                                    [proposer or Plain()], fallback)
     return outputs[0], stats[0]
 
 
 @torch.inference_mode()
-def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_token=None, proposers=None):
+def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_token=None, proposers=None,
+                   fallback=None):
     """Continue each of the token lists `prompts` by max_new_tokens tokens, all in one batch, row b
     speculating with proposers[b] (a proposer keeps state: one object per row; plain decoding when
-    None). on_token(b, token, source) streams row b's tokens as generate's does.
+    None). on_token(b, token, source) streams row b's tokens as generate's does. fallback decides
+    for the whole batch, round by round, whether its rows propose (a padded pass costs every row).
     Returns (the new token ids of each row, a DecodeStats per row)."""
     proposers = proposers or [Plain() for _ in prompts]
     block_size = model.config.block_size
@@ -138,14 +145,16 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
     clock = time.perf_counter
     while active:
         t0 = clock()
+        speculating = fallback is None or fallback.speculate()
         for b, row in enumerate(active):
             row.window.slide_if_full(len(row.tokens), row=b)  # the root must fit
             row.tail = row.tokens[row.window.cached:]
             # the pass adds one token of its own
             depth_limit = min(row.window.room(len(row.tokens)), max_new_tokens - row.new_tokens - 1)
             candidates = (row.proposer.propose(row.tokens, depth_limit, sampling, generator)
-                          if depth_limit > 0 else None)
+                          if depth_limit > 0 and speculating else None)
             row.candidates = NO_CANDIDATES if candidates is None else candidates
+            row.stats.held_rounds += not speculating
         t1 = clock()
         idx, pos, mask = _pass_inputs(active, cache, device)
         logits, hidden = model(idx, cache, pos=pos, mask=mask, return_hidden=True)
@@ -189,6 +198,10 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
         for row, verdict, (row_logits, row_hidden) in zip(active, verdicts, outputs):
             row.proposer.update(row.tokens, verdict, row_logits, row_hidden)
         t5 = clock()
+        if fallback and all(len(row.tail) == 1 for row in active):
+            # by the mode, not by what was proposed: a round in which speculating rows offered
+            # nothing, or only a side branch (lookahead's window), is part of what speculating costs
+            fallback.record(speculating, sum(len(v.path) + 1 for v in verdicts) / len(active), t5 - t0)
         for row in active:
             for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                 row.stats.phase_seconds[phase] += seconds

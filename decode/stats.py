@@ -13,6 +13,7 @@ class DecodeStats:
     # which is what a batched pass pays for
     pass_widths: Counter = field(default_factory=Counter)
     draft_forwards: int = 0
+    held_rounds: int = 0      # rounds a Fallback (decode/fallback.py) kept plain, speculation being measured slower
     judged: int = 0           # candidates the verifier accepted or rejected
     accepted: int = 0         # of those, the ones it kept
     # rounds whose candidates were judged at depth d (the path reached depth d-1 and went on to
@@ -63,6 +64,11 @@ class DecodeStats:
     @property
     def rounds(self):
         return self.pass_sizes.total()
+
+    @property
+    def held(self):
+        """The share of the rounds a Fallback kept plain: 1 for a method that turned itself off."""
+        return self.held_rounds / self.rounds if self.rounds else 0.0
 
     @property
     def tokens_per_s(self):

@@ -71,16 +71,32 @@ class CheckedRows(RecordingTarget):
         return proposer
 
 
+class EveryOtherRound:
+    """A fallback that holds the batch plain every other round: the methods must pick up where they
+    left off, as they do when the measured fallback turns them off and on."""
+    rounds = 0
+
+    def speculate(self):
+        self.rounds += 1
+        return self.rounds % 2 == 0
+
+    def record(self, speculated, tokens_per_row, seconds):
+        pass
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["speculating", "held every other round"])
 @pytest.mark.parametrize("method", list(METHODS))
-def test_every_row_says_what_its_prompt_says_alone(method):
+def test_every_row_says_what_its_prompt_says_alone(method, held):
     target = CheckedRows(TARGET)
     target.rounds = 0
     proposers = [target.check(METHODS[method]()) for _ in PROMPTS]
-    outputs, stats = generate_batch(target, PROMPTS, 50, Sampling(), proposers=proposers)
+    outputs, stats = generate_batch(target, PROMPTS, 50, Sampling(), proposers=proposers,
+                                    fallback=EveryOtherRound() if held else None)
     for prompt, output, row_stats in zip(PROMPTS, outputs, stats):
         alone, _ = generate(TARGET, prompt, 50, Sampling())
         assert output == alone
         assert row_stats.new_tokens == 50
+        assert (row_stats.held_rounds > 0) == held
     assert target.rounds >= 4 * 50 / 3  # every row checked after every round it took part in
 
 
@@ -98,8 +114,21 @@ def test_a_batch_needs_a_proposer_per_prompt():
         generate_batch(TARGET, PROMPTS, 5, Sampling(), proposers=[METHODS["none"]()])
 
 
-@pytest.mark.parametrize("wrong", [False, True])
-def test_sampling_stays_exact_in_every_row_of_a_batch(wrong, monkeypatch):
+class HeldAfterLongPaths:
+    """A fallback whose choice depends on what was sampled: it holds the round after one that gained
+    two tokens or more a row. Choosing by the past never biases what comes next."""
+    gained = 0
+
+    def speculate(self):
+        return self.gained < 2
+
+    def record(self, speculated, tokens_per_row, seconds):
+        self.gained = tokens_per_row
+
+
+@pytest.mark.parametrize("wrong, held", [(False, False), (False, True), (True, False)],
+                         ids=["exact", "exact, held by what was sampled", "wrong verifier"])
+def test_sampling_stays_exact_in_every_row_of_a_batch(wrong, held, monkeypatch):
     """B = 3: the sampled continuations of every row, pooled, fit the exact distribution (and the
     wrong verifier is caught)."""
     def batched_counts(make_proposer, sampling, n, seed=0, prompt=(harness.FIRST,)):
@@ -108,7 +137,8 @@ def test_sampling_stays_exact_in_every_row_of_a_batch(wrong, monkeypatch):
         counts = collections.Counter()
         for _ in range(n // 3):
             outputs, _ = generate_batch(target, [list(prompt)] * 3, harness.LENGTH, sampling, gen,
-                                        proposers=[make_proposer() for _ in range(3)])
+                                        proposers=[make_proposer() for _ in range(3)],
+                                        fallback=HeldAfterLongPaths() if held else None)
             counts.update(tuple(o) for o in outputs)
         return counts
 

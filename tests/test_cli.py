@@ -53,6 +53,7 @@ def test_bench_table_and_profile(tiny_checkpoint):
     assert len(rows) > 20 and all(row["identical_to_plain"] == 1.0 for row in rows)  # every method, greedy
     assert {"eagle tree:auto", "medusa chain", "draft 4"} <= {row["method"] for row in rows}
     assert len(rows[1]["acceptance_by_depth"]) == 4
+    assert all(0 <= row["held"] <= 1 for row in rows) and rows[0]["held"] == 0  # the methods' fallback
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--profile", "--json")
     assert r.returncode == 0, r.stderr
     curves = json.loads(r.stdout)["profile"]
@@ -127,14 +128,14 @@ def test_generate_without_or_with_a_foreign_checkpoint(tmp_path):
 def test_bench_batch_sizes(tiny_checkpoint, tmp_path):
     plot = ["--plot", tmp_path / "plots"] if importlib.util.find_spec("matplotlib") else []
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--batch-sizes", "1", "3", "--max-new-tokens", "8",
-                "--dtype", "float64", "--json", *plot)
+                "--dtype", "float64", "--no-fallback", "--json", *plot)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["num_prompts"] == 3  # the largest batch size
     rows = result["rows"]
     assert {(row["method"], row["batch_size"]) for row in rows} >= {
         ("none", 1), ("none", 3), ("draft auto", 3), ("eagle tree:auto", 3), ("lookahead 2,2,2 sized (default)", 3)}
-    assert all(row["identical_to_plain"] == 1.0 for row in rows)
+    assert all(row["identical_to_plain"] == 1.0 and row["held"] == 0 for row in rows)  # every round speculated
     if plot:
         assert (tmp_path / "plots" / "batch.png").read_bytes().startswith(b"\x89PNG")
 
@@ -184,7 +185,7 @@ def test_generate_draft_compare_is_identical_to_plain(tiny_checkpoint):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["identical_to_plain"] is True and out["spec"] == "draft" and out["draft_forwards"] > 0
-    assert 0 <= out["alpha"] <= 1 and out["tau"] >= 1
+    assert 0 <= out["alpha"] <= 1 and out["tau"] >= 1 and 0 <= out["held"] < 1
 
 
 def test_generate_draft_bad_input(tiny_checkpoint, tmp_path):

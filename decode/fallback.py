@@ -1,0 +1,79 @@
+"""Falling back to plain decoding where speculation does not pay, by measuring both.
+
+Whether checking guesses beats plain steps depends on more than a cost model sees: in a batch every
+row's pass is padded to the longest and masked per row, drafters run row by row, and the text
+decides how much is accepted. So the loop times its own rounds: the tokens each row gains per second
+in the rounds that speculated and in the plain ones, as running averages, and lets the rows propose
+only while speculating is the faster. It tries each mode for a few rounds first, then, since the
+text and the acceptance change, the losing one again for as many rounds once the time that trial
+would lose is at most 1/32 of the time since the last: a mode that loses by little is retried
+often, one that loses by much (a large batch's speculation) rarely. A mode taken up after a rest
+starts its average afresh: its old figure is stale.
+
+Only the speed depends on it. A plain round and a speculative one say the same thing (greedy) or
+sample from the same distribution, so falling back never changes an output.
+"""
+
+TRIAL_ROUNDS = 2          # measured rounds of a mode before it is judged, at the start and in each probe
+PROBE_GAP = 16            # the fewest rounds between probes; a mode resting longer restarts its average
+PROBE_SHARE = 1 / 32      # the most of the time that probing the losing mode may lose
+DECAY = 0.1               # the weight of the latest round in a mode's running average
+
+
+class Fallback:
+    """One per decoder, kept across its generations (what it learns carries over). The loop asks
+    speculate() before each round and reports the round with record()."""
+
+    def __init__(self):
+        self.gained = {}   # mode (True: speculated) -> running average of the tokens a row gained in a round
+        self.seconds = {}  # mode -> running average of a round's seconds
+        self.measured = {True: 0, False: 0}    # rounds recorded in all
+        self.streak = {True: 0, False: 0}      # rounds recorded since the mode was taken up again
+        self.last_recorded = {True: None, False: None}
+        self.recorded = 0
+        self.best = True
+        self.rounds_since_probe, self.seconds_since_probe, self.probe_left = 0, 0.0, 0
+
+    def rate(self, speculated):
+        """Tokens per row per second in the rounds that did (or did not) speculate."""
+        return self.gained[speculated] / self.seconds[speculated]
+
+    def speculate(self):
+        for mode in (True, False):
+            if self.measured[mode] < TRIAL_ROUNDS:
+                return mode
+        if self.probe_left:
+            self.probe_left -= 1
+            return not self.best
+        best = self.rate(True) >= self.rate(False)
+        if best != self.best:
+            self.best, self.rounds_since_probe, self.seconds_since_probe = best, 0, 0.0
+        self.rounds_since_probe += 1
+        if self.rounds_since_probe <= PROBE_GAP or self.probe_loss() > PROBE_SHARE * self.seconds_since_probe:
+            return best
+        self.rounds_since_probe, self.seconds_since_probe = 0, 0.0
+        self.probe_left = TRIAL_ROUNDS - 1
+        return not best
+
+    def probe_loss(self):
+        """The seconds a probe of the losing mode is expected to lose: its rounds' time beyond what
+        the best mode takes for the same tokens."""
+        other = not self.best
+        return TRIAL_ROUNDS * max(0.0, self.seconds[other] - self.gained[other] / self.rate(self.best))
+
+    def record(self, speculated, tokens_per_row, seconds):
+        """A round of the batch: whether it was one of speculating (what speculate() said), the tokens it
+        added per row, its seconds. Rounds that (re-)prefill a window are not reported: they cost the
+        same in either mode."""
+        self.recorded += 1
+        self.seconds_since_probe += seconds
+        last = self.last_recorded[speculated]
+        if last is None or self.recorded - last > PROBE_GAP:
+            self.streak[speculated] = 0
+        self.streak[speculated] += 1
+        self.last_recorded[speculated] = self.recorded
+        self.measured[speculated] += 1
+        weight = max(DECAY, 1 / self.streak[speculated])  # a plain mean until the average has enough rounds
+        gained, round_seconds = self.gained.get(speculated, 0.0), self.seconds.get(speculated, 0.0)
+        self.gained[speculated] = gained + weight * (tokens_per_row - gained)
+        self.seconds[speculated] = round_seconds + weight * (seconds - round_seconds)

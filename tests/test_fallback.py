@@ -1,0 +1,66 @@
+"""The measured fallback: it keeps the faster of speculating and plain rounds, tries the other again
+as often as the time it loses allows, and follows a change in which one is faster."""
+import itertools
+
+from decode.fallback import PROBE_GAP, PROBE_SHARE, TRIAL_ROUNDS, Fallback
+from decode.methods import make_proposer
+from decode.sampling import Sampling
+from decode.speculative import generate
+from tests.conftest import tiny_model
+
+
+def run(fallback, rounds, spec_rate, plain_seconds=1.0):
+    """Feed `rounds` rounds in which a speculative round gains spec_rate tokens per row in the time a
+    plain round gains one; return the modes chosen."""
+    modes = []
+    for _ in range(rounds):
+        speculated = fallback.speculate()
+        modes.append(speculated)
+        fallback.record(speculated, spec_rate if speculated else 1.0, plain_seconds)
+    return modes
+
+
+def test_it_tries_both_modes_then_keeps_the_faster():
+    modes = run(Fallback(), 2 * TRIAL_ROUNDS + 10, spec_rate=1.5)
+    assert modes[:2 * TRIAL_ROUNDS] == [True] * TRIAL_ROUNDS + [False] * TRIAL_ROUNDS
+    assert all(modes[2 * TRIAL_ROUNDS:])
+
+
+def probes(modes):
+    """The lengths of the runs of speculative rounds after the trials, and of the plain runs between them."""
+    runs = [(m, len(list(r))) for m, r in itertools.groupby(modes[2 * TRIAL_ROUNDS:])]
+    return [n for m, n in runs if m], [n for m, n in runs if not m]
+
+
+def test_where_speculation_is_slower_it_decodes_plainly_and_probing_loses_little_time():
+    spec_rate = 0.5
+    modes = run(Fallback(), 1000, spec_rate)
+    probe_runs, plain_runs = probes(modes)
+    assert set(probe_runs) == {TRIAL_ROUNDS} and min(plain_runs[:-1]) > PROBE_GAP
+    lost = sum(modes[2 * TRIAL_ROUNDS:]) * (1 - spec_rate)  # seconds a probe round loses against a plain one
+    assert lost / len(modes) <= 1.1 * PROBE_SHARE  # the budget, give or take the run's ends
+
+
+def test_a_mode_that_loses_by_little_is_probed_more_often():
+    close, far = (len(probes(run(Fallback(), 1000, spec_rate))[0]) for spec_rate in (0.95, 0.3))
+    assert close > 2 * far
+
+
+def test_it_follows_the_faster_mode_when_that_changes():
+    fallback = Fallback()
+    assert not any(run(fallback, 100, spec_rate=0.5)[-PROBE_GAP:])
+    modes = run(fallback, 300, spec_rate=3.0)  # the text turned repetitive: guesses now pay
+    switched = modes.index(True) + TRIAL_ROUNDS  # its next probe finds it out
+    assert switched <= 2 * PROBE_GAP
+    assert sum(modes[switched:]) / len(modes[switched:]) > 0.9  # plain is probed now
+
+
+def test_a_held_method_still_says_what_plain_decoding_says():
+    model = tiny_model(block_size=32)
+    fallback = Fallback()
+    alone, _ = generate(model, [1, 2, 3], 60, Sampling())
+    out, stats = generate(model, [1, 2, 3], 60, Sampling(), proposer=make_proposer("jacobi", "4", model),
+                          fallback=fallback)
+    assert out == alone
+    assert fallback.measured[True] >= TRIAL_ROUNDS and fallback.measured[False] >= TRIAL_ROUNDS
+    assert stats.held_rounds >= TRIAL_ROUNDS
