@@ -62,9 +62,9 @@ class Fallback:
         return TRIAL_ROUNDS * max(0.0, self.seconds[other] - self.gained[other] / self.rate(self.best))
 
     def record(self, speculated, tokens_per_row, seconds):
-        """A round of the batch: whether it was one of speculating (what speculate() said), the tokens it
-        added per row, its seconds. Rounds that (re-)prefill a window are not reported: they cost the
-        same in either mode."""
+        """A round of the batch: whether its pass checked guesses (any row's candidates or side
+        tokens), the tokens it added per row, its seconds. Rounds that (re-)prefill a window are not
+        reported: they cost the same in either mode."""
         self.recorded += 1
         self.seconds_since_probe += seconds
         last = self.last_recorded[speculated]

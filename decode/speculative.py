@@ -81,10 +81,11 @@ class _Row:
 
 def _pass_inputs(rows, cache, device):
     """The one forward's tokens (B, n), positions and masks for the rows' passes. A batch of chains of
-    one length over equal prefixes is causal and needs neither; a single row's tree takes an (n, n)
-    mask; anything else is padded to the longest pass, padding tokens seeing only themselves."""
+    one length (plain steps among them) is causal and needs neither: the model goes on from each
+    row's own length in the cache; a single row's tree takes an (n, n) mask; anything else is padded
+    to the longest pass, padding tokens seeing only themselves."""
     n = max(row.pass_size for row in rows)
-    if all(row.candidates.is_chain() and row.pass_size == n for row in rows) and not cache.ragged:
+    if all(row.candidates.is_chain() and row.pass_size == n for row in rows):
         return torch.tensor([row.pass_tokens() for row in rows], device=device), None, None
     if len(rows) == 1:
         (row,) = rows
@@ -199,9 +200,10 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             row.proposer.update(row.tokens, verdict, row_logits, row_hidden)
         t5 = clock()
         if fallback and all(len(row.tail) == 1 for row in active):
-            # by the mode, not by what was proposed: a round in which speculating rows offered
-            # nothing, or only a side branch (lookahead's window), is part of what speculating costs
-            fallback.record(speculating, sum(len(v.path) + 1 for v in verdicts) / len(active), t5 - t0)
+            # a round whose pass checked or carried nothing beyond the root (no row proposed) is a
+            # plain one, whatever the mode: a method that guesses in bursts is judged by its guesses
+            checked = any(row.checked_size > 1 for row in active)
+            fallback.record(checked, sum(len(v.path) + 1 for v in verdicts) / len(active), t5 - t0)
         for row in active:
             for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                 row.stats.phase_seconds[phase] += seconds
