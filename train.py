@@ -6,6 +6,14 @@ file (tiny Shakespeare by default), all with one training loop (`fit`).
     python train.py --what medusa --target gpt2.pt   # heads for an imported GPT-2 (model/convert.py)
     python train.py --preset tiny --max-iters 50 --out-dir out-tiny
     python train.py --resume             # continue an interrupted run where it stopped
+    torchrun --nproc_per_node 2 train.py # data-parallel, the same flags (gloo on CPU, NCCL on CUDA)
+
+Data-parallel training (torchrun). --batch-size is the global batch: every process draws the same
+batch from the same generator and trains on its own slice of it, in --grad-accum micro-batches, and
+DistributedDataParallel averages the gradients. So N processes take exactly the steps one would
+(up to the order of float additions), and a checkpoint resumes on any number of processes. Every
+process evaluates (the same fixed val batches, in the time the others would wait anyway); only rank
+0 writes checkpoints and logs.
 
 --preset and the model-shape flags (--n-layer, ...) shape the target, or the draft with --what draft
 (whose preset is `draft` otherwise); the optimisation flags (--max-iters, ...) apply to every model
@@ -26,9 +34,13 @@ measured on val and saved with it.
 import math
 import os
 import time
+from contextlib import nullcontext
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 import cli
 from cli import UserError
@@ -67,6 +79,7 @@ LAMBDA0 = 0.2             # Medusa-2: weight of the heads' loss next to the targ
 BACKBONE_LR_SCALE = 0.25  # Medusa-2: the target learns 4x slower than the heads
 TOP = 10                  # accuracies are measured for each head's 10 likeliest tokens
 DEFAULT_VOCAB_SIZE = 512
+RANK = int(os.environ.get("RANK", "0"))  # set by torchrun; 0 in a single process
 
 
 def parse_args(argv=None):
@@ -106,6 +119,9 @@ def parse_args(argv=None):
     g.add_argument("--no-bias", dest="bias", action="store_const", const=False)
     for name in ("batch_size", "max_iters", "warmup_iters", "eval_interval", "eval_iters"):
         g.add_argument("--" + name.replace("_", "-"), type=int)
+    g.add_argument("--grad-accum", type=int,
+                   help="micro-batches per process per step, to fit memory: the batch (global under torchrun) "
+                        "is split among processes x micro-batches (default 1)")
     g.add_argument("--learning-rate", type=float)
     g.add_argument("--min-lr", type=float, help="floor of the cosine decay (default: learning rate / 10)")
     g.add_argument("--weight-decay", type=float,
@@ -118,13 +134,13 @@ def parse_args(argv=None):
 
 def override(opt, args):
     """Optimisation settings `opt` with every flag the user gave in their place, checked."""
-    opt = dict(opt)
+    opt = dict(opt, grad_accum=opt.get("grad_accum", 1))
     for name in ("batch_size", "max_iters", "warmup_iters", "eval_interval", "eval_iters", "learning_rate",
-                 "weight_decay", "grad_clip"):
+                 "weight_decay", "grad_clip", "grad_accum"):
         if getattr(args, name) is not None:
             opt[name] = getattr(args, name)
     opt["min_lr"] = args.min_lr if args.min_lr is not None else opt["learning_rate"] / 10
-    for name in ("batch_size", "max_iters", "eval_interval", "eval_iters"):
+    for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "grad_accum"):
         if opt[name] < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     return opt
@@ -161,9 +177,15 @@ def make_optimizer(model, opt):
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]  # matrices and embeddings; not biases or LayerNorms
     no_decay = [p for p in params if p.dim() < 2]
-    return torch.optim.AdamW([dict(params=decay, weight_decay=opt["weight_decay"]),
-                              dict(params=no_decay, weight_decay=0.0)],
-                             lr=opt["learning_rate"], betas=(0.9, 0.99))
+    return adamw([dict(params=decay, weight_decay=opt["weight_decay"]), dict(params=no_decay, weight_decay=0.0)], opt)
+
+
+def adamw(groups, opt):
+    """AdamW, fused (one kernel for all parameters) where the parameters' device and dtype have it."""
+    params = [p for group in groups for p in group["params"]]
+    fused = all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params)
+    return torch.optim.AdamW(groups, lr=opt["learning_rate"], betas=(0.9, 0.99), weight_decay=opt["weight_decay"],
+                             fused=fused)
 
 
 def autocast_for(device):
@@ -176,17 +198,51 @@ def format_duration(seconds):
 
 
 def say(message):
-    print(message, flush=True)  # flushed: a long run's progress shows as it happens, also in a log file
+    if RANK == 0:  # under torchrun, one process speaks for all
+        print(message, flush=True)  # flushed: a long run's progress shows as it happens, also in a log file
 
 
-def fit(step_loss, optimizer, opt, train, block_size, device, gen, evaluate_and_save, history,
+def join_processes(device):
+    """This process's device; under torchrun, after joining the process group (NCCL between GPUs,
+    gloo between CPU processes)."""
+    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
+        return device
+    if device.startswith("cuda"):
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return device
+
+
+class Step(nn.Module):
+    """A batch's training loss, loss(x, y), as a module over the models it trains, so that
+    DistributedDataParallel can wrap it: it averages the gradients of their trainable parameters."""
+
+    def __init__(self, loss, *models):
+        super().__init__()
+        self.models = nn.ModuleList(models)
+        self.loss = loss
+
+    def forward(self, x, y):
+        return self.loss(x, y)
+
+
+def fit(step, optimizer, opt, train, block_size, device, gen, evaluate_and_save, history,
         start_iter=0, log_interval=50, log=say):
     """The one training loop, for the target, the draft and the heads alike.
 
-    step_loss(x, y) -> the loss of one batch (B, T); optimizer: its param groups may carry an
-    `lr_scale`; opt: the optimisation settings (schedule, batch size, clip, eval interval);
+    step: a Step, the loss of a batch (B, T); optimizer: its param groups may carry an `lr_scale`;
+    opt: the optimisation settings (schedule, batch size, micro-batches, clip, eval interval);
     evaluate_and_save(iteration, seconds) runs every eval_interval iterations and at the end, and
     appends to `history`, whose last entry says what is safe on disk if the loss turns to NaN."""
+    processes, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    accum = opt["grad_accum"]
+    micro, left = divmod(opt["batch_size"], processes * accum)
+    if left or not micro:
+        raise UserError(f"--batch-size {opt['batch_size']} does not split into {processes} process(es) x "
+                        f"{accum} micro-batch(es) of equal size")
+    if processes > 1:
+        step = DistributedDataParallel(step)
     autocast = autocast_for(device)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     t_start = time.time() - (history[-1]["seconds"] if history else 0.0)
@@ -194,17 +250,26 @@ def fit(step_loss, optimizer, opt, train, block_size, device, gen, evaluate_and_
     for it in range(start_iter, opt["max_iters"]):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(it, opt) * group.get("lr_scale", 1.0)
-        x, y = train.batch(opt["batch_size"], block_size, gen, device)
-        with autocast:
-            loss = step_loss(x, y)
+        x, y = train.batch(opt["batch_size"], block_size, gen, device)  # the same global batch in every process
+        loss = torch.zeros((), device=device)
+        for i in range(accum):
+            rows = slice((rank * accum + i) * micro, (rank * accum + i + 1) * micro)
+            # the gradients are averaged across processes once, in the last micro-batch's backward
+            with step.no_sync() if processes > 1 and i < accum - 1 else nullcontext():
+                with autocast:
+                    micro_loss = step(x[rows], y[rows]) / accum
+                micro_loss.backward()
+            loss += micro_loss.detach()
+        if processes > 1:
+            dist.all_reduce(loss)
+            loss /= processes
         if not torch.isfinite(loss):
             kept = f"the checkpoint keeps iteration {history[-1]['iter']}" if history else "nothing was saved yet"
             raise UserError(f"loss became {loss.item()} at iteration {it}; stopped ({kept}); "
                             "try a lower --learning-rate")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, opt["grad_clip"])
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         tokens_seen += x.numel()
         done = it + 1
         if done % log_interval == 0:
@@ -216,6 +281,8 @@ def fit(step_loss, optimizer, opt, train, block_size, device, gen, evaluate_and_
             t_log, tokens_seen = now, 0
         if done % opt["eval_interval"] == 0 or done == opt["max_iters"]:
             evaluate_and_save(done, time.time() - t_start)
+            if processes > 1:
+                dist.barrier()  # the next phase may read what rank 0 has just written
 
 
 @torch.no_grad()
@@ -288,7 +355,7 @@ def train_heads(target, tokenizer, train, val, out_path, opt, n_heads=4, tied=Fa
     groups = [dict(params=list(heads.parameters()), lr_scale=1.0)]
     if joint:
         groups.append(dict(params=list(target.parameters()), lr_scale=BACKBONE_LR_SCALE))
-    optimizer = torch.optim.AdamW(groups, lr=opt["learning_rate"], betas=(0.9, 0.99), weight_decay=opt["weight_decay"])
+    optimizer = adamw(groups, opt)
     target_path = os.path.join(os.path.dirname(out_path), "medusa-target.pt")
     what = "Medusa-2: target and heads jointly" if joint else "Medusa-1: heads on the frozen target"
     log(f"medusa: {n_heads} heads ({'tied to' if tied else 'own copies of'} the target's lm_head), "
@@ -314,14 +381,16 @@ def train_heads(target, tokenizer, train, val, out_path, opt, n_heads=4, tied=Fa
         tree = build_tree(accuracies, tree_size)
         history.append(dict(iter=it, seconds=seconds, val_loss=heads_loss(head_ce)))
         log(f"eval {it}: val loss per head " + " ".join(f"{ce:.3f}" for ce in head_ce) + f" ({format_duration(seconds)})")
+        result.update(accuracies=accuracies, tree=tree, lm_loss=lm_loss)
+        if RANK != 0:  # one process writes
+            return
         if joint:
             save_checkpoint(target_path, target, tokenizer, kind="target", medusa_joint=True)
         save_medusa(out_path, heads, target, tokenizer, accuracies=accuracies, tree=[list(p) for p in tree],
                     val_losses=head_ce, target_val_loss=lm_loss, seconds=seconds, history=history,
                     train_settings=dict(opt, joint=joint, seed=seed, tree_size=tree_size, distill=distill))
-        result.update(accuracies=accuracies, tree=tree, lm_loss=lm_loss)
 
-    fit(step_loss, optimizer, opt, train, block_size, device, torch.Generator().manual_seed(seed),
+    fit(Step(step_loss, heads, target), optimizer, opt, train, block_size, device, torch.Generator().manual_seed(seed),
         evaluate_and_save, history, log_interval=log_interval, log=log)
     accuracies, tree = result["accuracies"], result["tree"]
     for d, acc in enumerate(accuracies):
@@ -416,12 +485,14 @@ def train_eagle(target, tokenizer, train, val, out_path, opt, device="cpu", seed
         log(f"eval {it}: val feature loss {feature_loss:.4f}, token loss {token_loss:.4f}, top-1 agreement "
             f"with the target at depth 1..{EAGLE_DEPTHS}: " + " ".join(f"{a:.3f}" for a in accuracies)
             + f"; depth 1 by rank: " + " ".join(f"{a:.3f}" for a in ranks) + f" ({format_duration(seconds)})")
-        save_eagle(out_path, head, target, tokenizer, accuracies=accuracies, ranks=ranks, feature_loss=feature_loss,
-                   token_loss=token_loss, seconds=seconds, history=history, train_settings=dict(opt, seed=seed))
         result.update(accuracies=accuracies)
+        if RANK == 0:  # one process writes
+            save_eagle(out_path, head, target, tokenizer, accuracies=accuracies, ranks=ranks,
+                       feature_loss=feature_loss, token_loss=token_loss, seconds=seconds, history=history,
+                       train_settings=dict(opt, seed=seed))
 
     head.train()
-    fit(step_loss, optimizer, opt, train, block_size, device, torch.Generator().manual_seed(seed),
+    fit(Step(step_loss, head), optimizer, opt, train, block_size, device, torch.Generator().manual_seed(seed),
         evaluate_and_save, history, log_interval=log_interval, log=log)
     log(f"saved {out_path}")
     return result["accuracies"]
@@ -429,7 +500,7 @@ def train_eagle(target, tokenizer, train, val, out_path, opt, device="cpu", seed
 
 def main(argv=None):
     args = parse_args(argv)
-    device = cli.resolve_device(args.device)
+    device = join_processes(cli.resolve_device(args.device))
     dtype = cli.resolve_dtype(args.dtype or "float32", device)
     if args.preset is not None and args.preset not in PRESETS:
         raise UserError(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
@@ -438,38 +509,45 @@ def main(argv=None):
     if args.target is not None and args.what not in ("draft", "medusa", "eagle"):
         raise UserError("--target names the model that --what draft, medusa or eagle trains for")
     text = read_text(args.data)
-    for kind in (["target", "draft", "medusa", "eagle"] if args.what == "all" else [args.what]):
-        if kind in ("medusa", "eagle"):
-            train_on_target(kind, args, text, device, dtype)
-        else:
-            train_model(kind, args, text, device, dtype)
+    summary = []
+    try:
+        for kind in (["target", "draft", "medusa", "eagle"] if args.what == "all" else [args.what]):
+            started = time.time()
+            train_phase = train_on_target if kind in ("medusa", "eagle") else train_model
+            result = train_phase(kind, args, text, device, dtype)
+            summary.append(f"{kind} {result} ({format_duration(time.time() - started)})")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    say("trained: " + "; ".join(summary))
     return 0
 
 
 def train_on_target(kind, args, text, device, dtype):
     """Train OUT_DIR/medusa.pt or OUT_DIR/eagle.pt on the frozen target (OUT_DIR/target.pt or
-    --target); Medusa heads also jointly with it."""
+    --target); Medusa heads also jointly with it. Returns a line for the summary."""
     out_path = checkpoint_path(args.out_dir, kind)
     if os.path.exists(out_path) and not args.resume:
         raise UserError(f"{out_path} exists: remove it or use another --out-dir")
     if os.path.exists(out_path):
-        print(f"{out_path} exists; {kind} heads are trained in one go, so there is nothing to resume")
-        return
+        say(f"{out_path} exists; {kind} heads are trained in one go, so there is nothing to resume")
+        return f"{out_path} kept"
     target, tokenizer, _ = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)
     train_text, val_text = split_text(text)
     train = TokenData(tokenizer.encode(train_text), len(train_text), "train")
     val = TokenData(tokenizer.encode(val_text), len(val_text), "val")
     if kind == "eagle":
-        train_eagle(target, tokenizer, train, val, out_path, override(EAGLE_TRAINING, args), device=device,
-                    seed=args.seed, log_interval=args.log_interval)
-        return
-    train_heads(target, tokenizer, train, val, out_path, override(HEADS_TRAINING, args), n_heads=args.medusa_heads,
-                tied=args.medusa_tied, joint=args.medusa_joint, tree_size=args.tree_size, device=device,
-                seed=args.seed, log_interval=args.log_interval)
+        accuracies = train_eagle(target, tokenizer, train, val, out_path, override(EAGLE_TRAINING, args),
+                                 device=device, seed=args.seed, log_interval=args.log_interval)
+        return f"{out_path}: top-1 agreement with the target {accuracies[0]:.3f} at depth 1"
+    accuracies = train_heads(target, tokenizer, train, val, out_path, override(HEADS_TRAINING, args),
+                             n_heads=args.medusa_heads, tied=args.medusa_tied, joint=args.medusa_joint,
+                             tree_size=args.tree_size, device=device, seed=args.seed, log_interval=args.log_interval)
+    return f"{out_path}: head 0 top-1 {accuracies[0][0]:.3f}"
 
 
 def train_model(kind, args, text, device, dtype):
-    """Train (or resume) OUT_DIR/<kind>.pt."""
+    """Train (or resume) OUT_DIR/<kind>.pt. Returns a line for the summary."""
     ckpt_path = checkpoint_path(args.out_dir, kind)
     train_text, val_text = split_text(text)
     resuming = args.resume and os.path.exists(ckpt_path)
@@ -477,8 +555,10 @@ def train_model(kind, args, text, device, dtype):
         state = load_checkpoint(ckpt_path, kind)
         tokenizer = Tokenizer(state["tokenizer"])
         model_cfg, opt = state["config"], state["train_settings"]
-        if args.max_iters is not None:
-            opt["max_iters"] = args.max_iters
+        for name in ("max_iters", "grad_accum"):  # a run resumed longer, or on other hardware
+            if getattr(args, name) is not None:
+                opt[name] = getattr(args, name)
+        opt.setdefault("grad_accum", 1)
     else:
         if os.path.exists(ckpt_path):
             raise UserError(f"{ckpt_path} exists: pass --resume to continue it, or another --out-dir")
@@ -491,7 +571,7 @@ def train_model(kind, args, text, device, dtype):
         elif args.tokenizer == "gpt2":
             tokenizer = Tokenizer({"kind": "gpt2"})
         else:
-            print(f"training a {args.vocab_size}-token byte-level BPE on {len(train_text):,} characters")
+            say(f"training a {args.vocab_size}-token byte-level BPE on {len(train_text):,} characters")
             tokenizer = Tokenizer.train(train_text, args.vocab_size)
         model_cfg = dict(model_cfg, vocab_size=tokenizer.vocab_size)
 
@@ -511,15 +591,15 @@ def train_model(kind, args, text, device, dtype):
         optimizer.load_state_dict(state["optimizer"])
         gen.set_state(state["rng"])
         start_iter, history = state["iter"], state["history"]
-        print(f"resuming {ckpt_path} at iteration {start_iter}")
-    print(f"{kind}: {config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, context {config.block_size}, "
+        say(f"resuming {ckpt_path} at iteration {start_iter}")
+    say(f"{kind}: {config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, context {config.block_size}, "
           f"{model.num_params() / 1e6:.2f}M parameters, tokenizer {tokenizer.name}, "
           f"{train.chars_per_token:.2f} characters/token, {len(train.tokens):,} training tokens")
     step_model = torch.compile(model) if args.compile else model
     teacher = None
     if kind == "draft" and args.distill:
         teacher = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)[0]
-        print("distilling from the target: the training loss is the cross-entropy to its distributions")
+        say("distilling from the target: the training loss is the cross-entropy to its distributions")
 
     def step_loss(x, y):
         logits = step_model(x)
@@ -533,16 +613,19 @@ def train_model(kind, args, text, device, dtype):
         history.append(dict(iter=it, seconds=elapsed, val_loss=val_loss, val_nats_per_char=nats_per_char))
         say(f"eval {it}: val {val_loss:.4f} nats/token = {nats_per_char:.4f} nats/char "
             f"= {nats_per_char / math.log(2):.4f} bits/char ({format_duration(elapsed)})")
-        save_checkpoint(ckpt_path, model, tokenizer, kind=kind, optimizer=optimizer.state_dict(),
-                        iter=it, rng=gen.get_state(), history=history, train_settings=opt,
-                        data=os.path.abspath(args.data) if args.data else None)
+        if RANK == 0:  # one process writes
+            save_checkpoint(ckpt_path, model, tokenizer, kind=kind, optimizer=optimizer.state_dict(),
+                            iter=it, rng=gen.get_state(), history=history, train_settings=opt,
+                            data=os.path.abspath(args.data) if args.data else None)
 
     model.train()
-    fit(step_loss, optimizer, opt, train, config.block_size, device, gen, evaluate_and_save, history,
+    fit(Step(step_loss, model), optimizer, opt, train, config.block_size, device, gen, evaluate_and_save, history,
         start_iter=start_iter, log_interval=args.log_interval)
     if start_iter >= opt["max_iters"]:
-        print(f"{ckpt_path} is already at iteration {start_iter}; raise --max-iters to train further")
-    print(f"saved {ckpt_path}")
+        say(f"{ckpt_path} is already at iteration {start_iter}; raise --max-iters to train further")
+    say(f"saved {ckpt_path}")
+    last = history[-1]
+    return f"{ckpt_path}: val {last['val_loss']:.4f} nats/token = {last['val_nats_per_char']:.4f} nats/char"
 
 
 if __name__ == "__main__":

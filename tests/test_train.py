@@ -1,11 +1,18 @@
-"""A tiny training run learns, saves atomically, survives an interrupted save and resumes."""
+"""A tiny training run learns, saves atomically, survives an interrupted save and resumes; split
+into micro-batches or among torchrun's processes, it takes the same steps."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
 import train
 from cli import UserError
 from model.checkpoint import load_checkpoint, load_model
-from tests.conftest import SHAKESPEARE
+from tests.conftest import ROOT, SHAKESPEARE
 
 TINY = ["--data", str(SHAKESPEARE), "--preset", "tiny", "--vocab-size", "300", "--eval-iters", "2",
         "--log-interval", "10"]
@@ -63,3 +70,72 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
         train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "20", "--eval-interval", "5",
                            "--eval-iters", "1"])
     assert load_checkpoint(tmp_path / "target.pt")["iter"] == 10
+
+
+def val_losses(out_dir):
+    return [h["val_loss"] for h in load_checkpoint(out_dir / "target.pt")["history"]]
+
+
+def test_micro_batches_take_the_steps_of_the_whole_batch(tmp_path):
+    runs = {}
+    for accum in (1, 4):
+        out = tmp_path / str(accum)
+        train.main(TINY + ["--what", "target", "--out-dir", str(out), "--max-iters", "20", "--eval-interval", "10",
+                           "--grad-accum", str(accum)])
+        runs[accum] = val_losses(out)
+    assert runs[4] == pytest.approx(runs[1], abs=1e-5)
+    with pytest.raises(UserError, match="does not split"):
+        train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path / "odd"), "--batch-size", "6", "--grad-accum", "4"])
+
+
+def torchrun(out_dir, *args):
+    """train.py under torchrun in 2 CPU processes (gloo), started, not waited for."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
+               *TINY, "--out-dir", str(out_dir), *args]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+needs_torchrun = pytest.mark.skipif(not (sys.platform == "linux" and torch.distributed.is_gloo_available()),
+                                    reason="torchrun with gloo on Linux")
+
+
+@needs_torchrun
+def test_two_processes_take_the_steps_of_one(tmp_path):
+    run = torchrun(tmp_path / "ddp", "--what", "target", "--max-iters", "20", "--eval-interval", "10")
+    log, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, log
+    assert log.count("eval 20:") == 1  # only rank 0 speaks
+    train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path / "one"), "--max-iters", "20", "--eval-interval", "10"])
+    assert val_losses(tmp_path / "ddp") == pytest.approx(val_losses(tmp_path / "one"), abs=1e-5)
+
+
+def rank_pid(parent, rank):
+    """The pid of the torchrun worker of `rank`: the child process of `parent` with RANK=rank, from /proc."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:  # the process has ended
+            continue
+        if ppid == parent and f"RANK={rank}".encode() in environ:
+            return int(entry)
+    raise AssertionError(f"no worker of rank {rank} under {parent}")
+
+
+@needs_torchrun
+def test_a_killed_rank_leaves_a_checkpoint_that_resumes_in_one_process(tmp_path):
+    run = torchrun(tmp_path, "--what", "target", "--max-iters", "100000", "--eval-interval", "10")
+    deadline = time.time() + 240
+    while not (tmp_path / "target.pt").exists() and time.time() < deadline and run.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)  # on into later saves: rank 0, the one that writes them, may be writing one now
+    os.kill(rank_pid(run.pid, 0), signal.SIGKILL)
+    log, _ = run.communicate(timeout=120)
+    assert run.returncode != 0, log
+    saved = load_checkpoint(tmp_path / "target.pt")["iter"]
+    assert saved >= 10 and saved % 10 == 0
+    train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path), "--resume", "--max-iters", str(saved + 10)])
+    assert load_checkpoint(tmp_path / "target.pt")["iter"] == saved + 10
