@@ -236,7 +236,7 @@ def fit(step, optimizer, opt, train, block_size, device, gen, evaluate_and_save,
     evaluate_and_save(iteration, seconds) runs every eval_interval iterations and at the end, and
     appends to `history`, whose last entry says what is safe on disk if the loss turns to NaN."""
     processes, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
-    accum = opt["grad_accum"]
+    accum = opt.get("grad_accum", 1)  # settings saved before micro-batches have none
     micro, left = divmod(opt["batch_size"], processes * accum)
     if left or not micro:
         raise UserError(f"--batch-size {opt['batch_size']} does not split into {processes} process(es) x "
@@ -558,7 +558,6 @@ def train_model(kind, args, text, device, dtype):
         for name in ("max_iters", "grad_accum"):  # a run resumed longer, or on other hardware
             if getattr(args, name) is not None:
                 opt[name] = getattr(args, name)
-        opt.setdefault("grad_accum", 1)
     else:
         if os.path.exists(ckpt_path):
             raise UserError(f"{ckpt_path} exists: pass --resume to continue it, or another --out-dir")

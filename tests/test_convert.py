@@ -23,6 +23,11 @@ from tests.test_cli import assert_one_line_error
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
+# transformers 5 depends on Hugging Face's package `kernels`, whose name this project's kernels/
+# shadows on the tests' import path; transformers then imports ours in its place and fails. It
+# needs none of its hub kernels here: say the package is absent.
+for module in (transformers.utils, transformers.utils.import_utils):
+    module.is_kernels_available = lambda *args, **kwargs: False
 
 SHAPES = {"small": dict(n_embd=32, n_layer=2, n_head=2), "large": dict(n_embd=48, n_layer=3, n_head=4)}
 CONTEXT = 64
