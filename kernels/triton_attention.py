@@ -25,6 +25,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 
 KEY_CHUNK = 128  # split boundaries are multiples of this, so they align with every BLOCK_N
 
@@ -36,7 +37,7 @@ def _scores(q, k, scale_log2, IEEE: tl.constexpr):
         s = tl.dot(q, k, input_precision="ieee")
     else:
         s = tl.dot(q, k)
-    return s * scale_log2
+    return (s * scale_log2).to(tl.float32)  # inductor may hand the scale over as a float64 scalar
 
 
 @triton.jit
@@ -135,10 +136,25 @@ def _configs():
             if not (bm == 16 and w == 8)]
 
 
+def _fitting_configs(configs, named_args, **kwargs):
+    """Tiles no larger than the pass needs: a decode step (n = 1) tries only 16-row query tiles, so
+    tuning a new shape compiles and times a handful of variants instead of all of them."""
+    rows, keys = max(16, named_args["TUNE_N"]), max(32, named_args["TUNE_KEYS"])
+    return [c for c in configs if c.kwargs["BLOCK_M"] <= rows and c.kwargs["BLOCK_N"] <= keys]
+
+
+def _quick_bench(kernel_call, quantiles):
+    """Each candidate tile is timed for ~20 ms, not triton's default ~125 ms: a decode run meets
+    dozens of shape buckets, and its start-up would otherwise take minutes."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=15, quantiles=quantiles)
+
+
 # Tuned per power-of-two bucket of queries and keys, not per exact length: decoding meets a new
-# prefix length at every step, and re-tuning each time would cost far more than it gains.
-_tuned_kernel = triton.autotune(configs=_configs(), key=["TUNE_N", "TUNE_KEYS", "HEAD_DIM", "CAUSAL"])(
-    _attention_kernel)
+# prefix length at every step, and re-tuning each time would cost far more than it gains. The
+# timings are kept on disk (triton's cache), so a later process does not tune the same bucket again.
+_tuned_kernel = triton.autotune(configs=_configs(), key=["TUNE_N", "TUNE_KEYS", "HEAD_DIM", "CAUSAL"],
+                                prune_configs_by=dict(early_config_prune=_fitting_configs),
+                                do_bench=_quick_bench, cache_results=True)(_attention_kernel)
 
 
 def choose_splits(n_programs, total_keys, device):

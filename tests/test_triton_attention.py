@@ -11,6 +11,14 @@ from kernels import reference_attention
 from tests.conftest import tiny_model
 
 triton_attention = pytest.importorskip("kernels.triton_attention").triton_attention  # Linux only
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernel runs; the reference stays on the CPU
+# Fixed small tiles (the interpreter's), so that a GPU compiles a few variants instead of autotuning
+# every shape of the grid; the whole-model test below takes the autotuned path.
+TILES = dict(block_m=16, block_n=16)
+
+
+def on_device(*tensors):
+    return [t.to(DEVICE) for t in tensors]
 
 
 def make_mask(kind, n, gen):
@@ -41,7 +49,7 @@ def check(n, prefix, head_dim, batch, kind, dtype, num_splits=None, seed=0):
     k = torch.randn(batch, 2, prefix + n, head_dim, generator=gen).to(dtype)
     v = torch.randn(batch, 2, prefix + n, head_dim, generator=gen).to(dtype)
     mask = make_mask(kind, n, gen)
-    out = triton_attention(q, k, v, mask, num_splits=num_splits)
+    out = triton_attention(*on_device(q, k, v), mask, num_splits=num_splits, **TILES).cpu()
     expected = reference_attention(q.float(), k.float(), v.float(), mask)
     tol = 1e-5 if dtype == torch.float32 else 3e-3
     assert out.dtype == dtype and out.shape == q.shape
@@ -86,25 +94,25 @@ def test_rows_with_their_own_prefix_lengths(n, kind, num_splits):
     v = torch.randn(4, 2, 257 + n, 32, generator=gen)
     masks = [None] if kind == "causal" else [make_mask(kind, n, gen), torch.stack([make_mask(kind, n, gen) for _ in range(4)])]
     for mask in masks:
-        out = triton_attention(q, k, v, mask, lengths, num_splits=num_splits)
+        out = triton_attention(*on_device(q, k, v), mask, lengths, num_splits=num_splits, **TILES).cpu()
         torch.testing.assert_close(out, reference_attention(q, k, v, mask, lengths), rtol=1e-5, atol=1e-5)
 
 
 def test_strided_cache_views():
-    cache = torch.randn(2, 1, 2, 80, 16)  # (L, B, nh, capacity, hs), as model/kv_cache.py holds it
-    q = torch.randn(1, 2, 4, 16)
+    cache = torch.randn(2, 1, 2, 80, 16, device=DEVICE)  # (L, B, nh, capacity, hs), as model/kv_cache.py holds it
+    q = torch.randn(1, 2, 4, 16, device=DEVICE)
     k, v = cache[0, :, :, :30], cache[1, :, :, :30]
-    torch.testing.assert_close(triton_attention(q, k, v), reference_attention(q, k, v), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(triton_attention(q, k, v, **TILES), reference_attention(q, k, v), rtol=1e-5, atol=1e-5)
 
 
 @torch.no_grad()
 def test_whole_model_gives_the_same_logits_with_either_backend():
-    model = tiny_model(dtype=torch.float32)  # head dim 16
+    model = tiny_model(dtype=torch.float32).to(DEVICE)  # head dim 16
     prompt = torch.randint(64, (1, 20), generator=torch.Generator().manual_seed(0))
     tree = torch.randint(64, (1, 6), generator=torch.Generator().manual_seed(1))
     candidates = Candidates(tree[0].tolist(), [-1, 0, 0, 1, -1, 4])  # a tree right after the prompt
     pos = 20 - 1 + torch.tensor(candidates.depths())
-    mask = verify_mask(candidates.parents, tail=0)
+    prompt, tree, pos, mask = on_device(prompt, tree, pos, verify_mask(candidates.parents, tail=0))
     logits = {}
     for backend in ("torch", "triton"):
         kernels.set_backend(backend)
@@ -118,3 +126,16 @@ def test_whole_model_gives_the_same_logits_with_either_backend():
             kernels.set_backend("auto")
     for a, b in zip(logits["torch"], logits["triton"]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_gradients_flow_through_attention_in_training():
+    """The kernel has no backward pass: the default backend (the reference) carries gradients, and
+    an explicit triton backend refuses rather than silently drop them."""
+    q, k, v = (torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    kernels.attention(q, k, v).sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+    with pytest.raises(ValueError, match="no backward pass"):
+        kernels.attention(q, k, v, backend="triton")
+    with torch.no_grad():
+        torch.testing.assert_close(kernels.attention(q, k, v, backend="triton"), kernels.attention(q, k, v),
+                                   rtol=1e-5, atol=1e-5)
