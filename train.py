@@ -510,8 +510,11 @@ def main(argv=None):
         raise UserError("--target names the model that --what draft, medusa or eagle trains for")
     text = read_text(args.data)
     summary = []
+    kinds = ["target", "draft", "medusa", "eagle"] if args.what == "all" else [args.what]
+    if RANK == 0 and not any(os.path.exists(checkpoint_path(args.out_dir, kind)) for kind in kinds):
+        plan(args, kinds, device, dtype)  # a fresh run: a resumed one shows each phase's ETA as it goes
     try:
-        for kind in (["target", "draft", "medusa", "eagle"] if args.what == "all" else [args.what]):
+        for kind in kinds:
             started = time.time()
             train_phase = train_on_target if kind in ("medusa", "eagle") else train_model
             result = train_phase(kind, args, text, device, dtype)
@@ -521,6 +524,64 @@ def main(argv=None):
             dist.destroy_process_group()
     say("trained: " + "; ".join(summary))
     return 0
+
+
+def plan(args, kinds, device, dtype):
+    """One line before anything trains: each model's iterations and size, and about how long the
+    whole run should take here. A training step of the target's shape is timed now; each phase's
+    time is that rate applied to its arithmetic per token (6 x the parameters trained, 2 x those
+    only run forward, as Kaplan et al. count), evaluations included. Each phase's own ETA follows."""
+    if "target" in kinds:
+        target_cfg = settings_from_args(args, "target", device)[0]
+        target_cfg["vocab_size"] = 50257 if args.tokenizer == "gpt2" else args.vocab_size
+    elif os.path.exists(cli.checkpoint_of(args, "target")):
+        target_cfg = load_checkpoint(cli.checkpoint_of(args, "target"), "target")["config"]
+    else:
+        return  # the phase itself says what is missing
+    draft_cfg, draft_opt = settings_from_args(args, "draft", device)
+    draft_cfg["vocab_size"] = target_cfg["vocab_size"]
+    if args.what != "draft" or args.block_size is None:
+        draft_cfg["block_size"] = target_cfg["block_size"]
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        target = GPT(GPTConfig(**target_cfg))
+        n_target = target.num_params()
+        params = dict(target=n_target, draft=GPT(GPTConfig(**draft_cfg)).num_params(),
+                      medusa=sum(p.numel() for p in MedusaHeads(target, MedusaConfig(args.medusa_heads,
+                                                                                     args.medusa_tied)).parameters()),
+                      eagle=sum(p.numel() for p in EagleHead(target).parameters()))
+    opts = dict(target=settings_from_args(args, "target", device)[1], draft=draft_opt,
+                medusa=override(HEADS_TRAINING, args), eagle=override(EAGLE_TRAINING, args))
+    # per token: (parameters whose products run forward and backward, those that run forward only)
+    arithmetic = dict(target=(n_target, 0), draft=(params["draft"], n_target * args.distill),
+                      medusa=(params["medusa"] + n_target * args.medusa_joint, n_target * (not args.medusa_joint)),
+                      eagle=(params["eagle"] + target.lm_head.weight.numel(), n_target))  # back through lm_head
+    flops = 0.0
+    for kind in kinds:
+        opt, (both, forward) = opts[kind], arithmetic[kind]
+        evals = math.ceil(opt["max_iters"] / opt["eval_interval"]) * opt["eval_iters"]
+        tokens = opt["batch_size"] * (draft_cfg if kind == "draft" else target_cfg)["block_size"]
+        flops += tokens * (opt["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + forward))
+    names = dict(target="the target", draft="the draft", medusa="the Medusa heads", eagle="the EAGLE head")
+    sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {opts[kind]['max_iters']:,} iterations)"
+                      for kind in kinds)
+    seconds = flops / training_rate(target_cfg, opts["target"], device, dtype)
+    say(f"training {sizes}: about {format_duration(seconds)} here (a training step timed now)")
+
+
+def training_rate(target_cfg, opt, device, dtype, steps=2):
+    """Arithmetic per second of a training step of the target's shape here (a throwaway model)."""
+    model = GPT(GPTConfig(**target_cfg)).to(device=device, dtype=dtype)
+    x = torch.randint(target_cfg["vocab_size"], (opt["batch_size"] // opt["grad_accum"], target_cfg["block_size"]),
+                      device=device)
+    for step in range(steps + 1):  # the first is a warm-up
+        if step == 1:
+            started = time.perf_counter()
+        with autocast_for(device):
+            logits = model(x)
+        F.cross_entropy(logits.float().flatten(0, 1), x.flatten()).backward()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return 6 * model.num_params() * x.numel() * steps / (time.perf_counter() - started)
 
 
 def train_on_target(kind, args, text, device, dtype):

@@ -1,6 +1,7 @@
 """A tiny training run learns, saves atomically, survives an interrupted save and resumes; split
 into micro-batches or among torchrun's processes, it takes the same steps."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,15 @@ def test_resume_continues_where_it_stopped(tmp_path):
     train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "20", "--eval-interval", "10", "--resume"])
     state = load_checkpoint(tmp_path / "target.pt")
     assert state["iter"] == 20 and [h["iter"] for h in state["history"]] == [10, 20]
+
+
+def test_a_fresh_run_first_says_what_it_will_train_and_for_about_how_long(tmp_path, capsys):
+    train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "4", "--eval-interval", "4"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert re.fullmatch(r"training the target \(0\.\d\dM parameters, 4 iterations\), the draft \(.*\), "
+                        r"the Medusa heads \(.*\), the EAGLE head \(.*\): about \d+m\d\ds here .*", first)
+    train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "6", "--eval-interval", "2", "--resume"])
+    assert "about" not in capsys.readouterr().out  # a resumed run shows each phase's ETA instead
 
 
 def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
