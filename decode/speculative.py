@@ -20,7 +20,9 @@ A batch of prompts runs the same rounds, every row with a proposer of its own: t
 (each its tail and its candidates) are padded to one length and run as ONE target forward, each row
 after its own committed length, under its own mask; each row's verdict commits its own path. A
 padding token sees only itself and is never committed, so every row says exactly what it would say
-alone. A row that has its tokens leaves the batch.
+alone. In a round where some rows re-prefill their window after a slide, those rows run a forward of
+their own (a RowView of the cache), so that the others are not padded to half a window. A row that
+has its tokens leaves the batch.
 
 Where speculating does not pay (at large batch sizes nothing does), a Fallback (decode/fallback.py)
 keeps the whole batch plain, round by round, for as long as plain rounds are measured faster.
@@ -37,6 +39,7 @@ from decode.stats import DecodeStats
 from decode.tree import Candidates, pass_mask
 from decode.verify import verify_greedy, verify_sampling
 from decode.window import ContextWindow
+from model.kv_cache import RowView
 
 
 NO_CANDIDATES = Candidates([], [])
@@ -77,6 +80,16 @@ class _Row:
         root_pos = length + len(self.tail) - 1
         offsets = self.candidates.depths() + (self.candidates.side.offsets if self.candidates.side else [])
         return list(range(length, root_pos + 1)) + [root_pos + o for o in offsets]
+
+
+def _pass_groups(rows):
+    """Which rows run one forward together: all of them, unless some re-prefill their window (half
+    a window after a slide) while the others pass their usual few tokens. Padded to the refill's
+    width, the others would cost as much as a refill each; so the two groups run apart."""
+    refilling = [b for b, row in enumerate(rows) if len(row.tail) > 1]
+    if 0 < len(refilling) < len(rows):
+        return [refilling, [b for b, row in enumerate(rows) if len(row.tail) == 1]]
+    return [list(range(len(rows)))]
 
 
 def _pass_inputs(rows, cache, device):
@@ -157,14 +170,20 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             row.candidates = NO_CANDIDATES if candidates is None else candidates
             row.stats.held_rounds += not speculating
         t1 = clock()
-        idx, pos, mask = _pass_inputs(active, cache, device)
-        logits, hidden = model(idx, cache, pos=pos, mask=mask, return_hidden=True)
+        outputs = [None] * len(active)  # per row: (logits, hidden states, the width its pass was padded to)
+        for group in _pass_groups(active):
+            members = [active[b] for b in group]
+            view = cache if len(members) == len(active) else RowView(cache, group)
+            idx, pos, mask = _pass_inputs(members, view, device)
+            logits, hidden = model(idx, view, pos=pos, mask=mask, return_hidden=True)
+            width = max(row.checked_size for row in members)
+            for i, (b, row) in enumerate(zip(group, members)):
+                # logits at [root, candidates..., side...], which the verifier reads; hidden states of
+                # every row, for a proposer that reads the features of the tokens the cache will keep
+                outputs[b] = (logits[i, len(row.tail) - 1:row.pass_size], hidden[i, :row.pass_size], width)
         t2 = clock()
-        verdicts, outputs = [], []
-        for b, row in enumerate(active):
-            # logits at [root, candidates..., side...], which the verifier reads; hidden states of
-            # every row, for a proposer that reads the features of the tokens the cache will keep
-            row_logits, row_hidden = logits[b, len(row.tail) - 1:row.pass_size], hidden[b, :row.pass_size]
+        verdicts = []
+        for row, (row_logits, _, _) in zip(active, outputs):
             judged = row_logits[:1 + len(row.candidates)]
             if row.proposer.verify:  # an opt-in rule that gives up exactness for speed (Medusa's typical acceptance)
                 verdict = row.proposer.verify(judged, row.candidates, sampling, generator)
@@ -173,12 +192,10 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             else:
                 verdict = verify_sampling(token_probs(judged, sampling), row.candidates, generator)
             verdicts.append(verdict)
-            outputs.append((row_logits, row_hidden))
         t3 = clock()
         cache.commit([list(range(len(row.tail))) + [len(row.tail) - 1 + c for c in verdict.path]
                       for row, verdict in zip(active, verdicts)])
-        width = max(row.checked_size for row in active)  # the pass padded to its longest row
-        for row, verdict in zip(active, verdicts):
+        for row, verdict, (_, _, width) in zip(active, verdicts, outputs):
             candidates, stats = row.candidates, row.stats
             row.window.cached = len(row.tokens) + len(verdict.path)
             accepted = [candidates.tokens[c - 1] for c in verdict.path]
@@ -196,7 +213,7 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             if candidates:
                 stats.record_depths(max(candidates.depths()), len(verdict.path))
         t4 = clock()
-        for row, verdict, (row_logits, row_hidden) in zip(active, verdicts, outputs):
+        for row, verdict, (row_logits, row_hidden, _) in zip(active, verdicts, outputs):
             row.proposer.update(row.tokens, verdict, row_logits, row_hidden)
         t5 = clock()
         if fallback and all(len(row.tail) == 1 for row in active):

@@ -52,23 +52,31 @@ class KVCache:
         after its committed prefix. Returns the keys and values up to the longest row's last new
         entry: (B, nh, max(lengths) + n, hs)."""
         n = k_new.size(2)
-        end = max(self.lengths) + n
-        if end > self.capacity:
-            raise RuntimeError(
-                f"KV cache overflow: {max(self.lengths)} committed + {n} new entries > capacity {self.capacity}")
+        end = self._end(n)
         lengths = self.row_lengths()
         if lengths is None:
             start = self.lengths[0]
             self.k[layer, :, :, start:end] = k_new
             self.v[layer, :, :, start:end] = v_new
         else:
-            rows = torch.arange(len(self.lengths), device=lengths.device)[:, None]
-            slots = lengths[:, None] + torch.arange(n, device=lengths.device)  # (B, n)
-            # advanced indices split by a slice put their dims first: the target is (B, n, nh, hs)
-            self.k[layer][rows, :, slots] = k_new.transpose(1, 2)
-            self.v[layer][rows, :, slots] = v_new.transpose(1, 2)
+            self._scatter(layer, torch.arange(len(self.lengths), device=lengths.device), lengths, k_new, v_new)
         self.pending = n
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def _end(self, n):
+        """The slot after the longest row's n new entries, if the cache has room for them."""
+        end = max(self.lengths) + n
+        if end > self.capacity:
+            raise RuntimeError(
+                f"KV cache overflow: {max(self.lengths)} committed + {n} new entries > capacity {self.capacity}")
+        return end
+
+    def _scatter(self, layer, rows, lengths, k_new, v_new):
+        """Write the n new entries of batch rows `rows` (B,) right after each one's `lengths` (B,)."""
+        slots = lengths[:, None] + torch.arange(k_new.size(2), device=lengths.device)  # (B, n)
+        # advanced indices split by a slice put their dims first: the target is (B, n, nh, hs)
+        self.k[layer][rows[:, None], :, slots] = k_new.transpose(1, 2)
+        self.v[layer][rows[:, None], :, slots] = v_new.transpose(1, 2)
 
     def commit(self, keep=None):
         """Append the scratch entries `keep` (indices 0..pending-1, in the order given) to the
@@ -121,3 +129,26 @@ class KVCache:
         self.k, self.v = self.k[:, index].contiguous(), self.v[:, index].contiguous()
         self.lengths = [self.lengths[r] for r in rows]
         self._row_lengths = None
+
+
+class RowView(KVCache):
+    """Some rows of a cache, for a forward over them alone. In a batch round where a few rows re-prefill
+    half a window after their slide, padding every other row's pass to that width would cost them as
+    much again; such a round runs one forward per group of rows instead. A view reads and writes the
+    cache's own storage, and the cache's commit then keeps what its forwards wrote, row by row."""
+
+    def __init__(self, cache, rows):
+        self.cache, self.rows = cache, torch.tensor(rows, device=cache.k.device)
+        self.k, self.v, self.capacity = cache.k, cache.v, cache.capacity
+        self.lengths = [cache.lengths[r] for r in rows]
+        self.pending, self._row_lengths = 0, None
+
+    def write(self, layer, k_new, v_new):
+        n = k_new.size(2)
+        end = self._end(n)
+        self._scatter(layer, self.rows, torch.tensor(self.lengths, device=self.k.device), k_new, v_new)
+        self.cache.pending = max(self.cache.pending, n)
+        return self.k[layer][self.rows, :, :end], self.v[layer][self.rows, :, :end]
+
+    def commit(self, keep=None):
+        raise RuntimeError("commit the cache this view was taken from")

@@ -3,7 +3,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, RowView
 from tests.conftest import assert_matches_prefill, cache_row, tiny_model
 from tests.test_model import path_to, tree_mask_and_depths
 
@@ -141,3 +141,24 @@ def test_finished_rows_are_dropped_from_the_batch():
     cache.commit()
     for b, tokens in enumerate([[1, 2, 3, 7], [5, 6, 8]]):
         assert_cache_is_fresh_prefill(cache_row(cache, b), tokens)
+
+
+@torch.no_grad()
+def test_a_forward_over_some_rows_writes_theirs_alone():
+    """RowView: rows 0 and 2 (of different lengths) pass three tokens in one forward, row 1 one token
+    in another; each row gets the logits it would alone, and after the one commit of the cache each
+    row is a fresh prefill of its own tokens."""
+    cache = MODEL.new_cache(batch_size=3)
+    idx, masks, depths = padded_batch([([1, 2, 3], [-1, 0, 1]), ([4], [-1]), ([5, 6], [-1, 0])])
+    MODEL(idx, cache, pos=depths, mask=masks)
+    cache.commit([[0, 1, 2], [0], [0, 1]])
+    wide = MODEL(torch.tensor([[7, 8, 9], [10, 11, 12]]), RowView(cache, [0, 2]))
+    narrow = MODEL(torch.tensor([[13]]), RowView(cache, [1]))
+    for logits, whole, prefix in [(wide[0], [1, 2, 3, 7, 8, 9], 3), (narrow[0], [4, 13], 1),
+                                  (wide[1], [5, 6, 10, 11, 12], 2)]:
+        torch.testing.assert_close(logits, MODEL(torch.tensor([whole]))[0, prefix:], rtol=0, atol=1e-10)
+    cache.commit([[0, 1, 2], [0], [0, 1]])
+    for b, tokens in enumerate([[1, 2, 3, 7, 8, 9], [4, 13], [5, 6, 10, 11]]):
+        assert_cache_is_fresh_prefill(cache_row(cache, b), tokens)
+    with pytest.raises(RuntimeError, match="commit the cache"):
+        RowView(cache, [0]).commit()
