@@ -143,7 +143,8 @@ def compiled(model, path, args, device, dtype, prepare=False):
 def add_attn_arg(parser):
     parser.add_argument("--attn", choices=kernels.BACKENDS, default="auto",
                         help="attention kernel: triton (CUDA, or TRITON_INTERPRET=1 on the CPU), torch "
-                             "(the PyTorch reference), auto (torch: on a GPU it measured faster than the kernel) (default auto)")
+                             "(the PyTorch reference), auto (torch: on a GPU it measured faster than the "
+                             "kernel) (default auto)")
 
 
 def use_attn(name, device, dtype):

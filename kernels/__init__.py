@@ -3,8 +3,8 @@
 Backends: "torch" (kernels/reference.py, PyTorch's scaled_dot_product_attention with an explicit
 mask) and "triton" (kernels/triton_attention.py, one FlashAttention-2-style kernel). "auto" takes
 the reference everywhere: on an H200, SDPA ran every decode and verify shape measured 2-9x faster
-than the kernel, which spends ~0.3 ms per call whatever its size (docs/2026-12-04-h200.md). Triton is imported only when first used, so the project
-runs where it is not installed (it ships Linux wheels only).
+than the kernel, which spends ~0.3 ms per call whatever its size (docs/2026-12-04-h200.md). Triton
+is imported only when first used, so the project runs where it is not installed (Linux wheels only).
 """
 import importlib.util
 import os
