@@ -531,8 +531,8 @@ def plan(args, kinds, device, dtype):
     whole run should take here. A training step of the target's shape is timed now; each phase's
     time is that rate applied to its arithmetic per token (6 x the parameters trained, 2 x those
     only run forward, as Kaplan et al. count), evaluations included. Each phase's own ETA follows."""
+    target_cfg, target_opt = settings_from_args(args, "target", device)
     if "target" in kinds:
-        target_cfg = settings_from_args(args, "target", device)[0]
         target_cfg["vocab_size"] = 50257 if args.tokenizer == "gpt2" else args.vocab_size
     elif os.path.exists(cli.checkpoint_of(args, "target")):
         target_cfg = load_checkpoint(cli.checkpoint_of(args, "target"), "target")["config"]
@@ -549,7 +549,7 @@ def plan(args, kinds, device, dtype):
                       medusa=sum(p.numel() for p in MedusaHeads(target, MedusaConfig(args.medusa_heads,
                                                                                      args.medusa_tied)).parameters()),
                       eagle=sum(p.numel() for p in EagleHead(target).parameters()))
-    opts = dict(target=settings_from_args(args, "target", device)[1], draft=draft_opt,
+    opts = dict(target=target_opt, draft=draft_opt,
                 medusa=override(HEADS_TRAINING, args), eagle=override(EAGLE_TRAINING, args))
     # per token: (parameters whose products run forward and backward, those that run forward only)
     arithmetic = dict(target=(n_target, 0), draft=(params["draft"], n_target * args.distill),

@@ -141,12 +141,13 @@ class RowView(KVCache):
         self.cache, self.rows = cache, torch.tensor(rows, device=cache.k.device)
         self.k, self.v, self.capacity = cache.k, cache.v, cache.capacity
         self.lengths = [cache.lengths[r] for r in rows]
+        self.starts = torch.tensor(self.lengths, device=cache.k.device)  # fixed: a view is never committed
         self.pending, self._row_lengths = 0, None
 
     def write(self, layer, k_new, v_new):
         n = k_new.size(2)
         end = self._end(n)
-        self._scatter(layer, self.rows, torch.tensor(self.lengths, device=self.k.device), k_new, v_new)
+        self._scatter(layer, self.rows, self.starts, k_new, v_new)
         self.cache.pending = max(self.cache.pending, n)
         return self.k[layer][self.rows, :, :end], self.v[layer][self.rows, :, :end]
 
