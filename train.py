@@ -540,8 +540,7 @@ def plan(args, kinds, device, dtype):
         return  # the phase itself says what is missing
     draft_cfg, draft_opt = settings_from_args(args, "draft", device)
     draft_cfg["vocab_size"] = target_cfg["vocab_size"]
-    if args.what != "draft" or args.block_size is None:
-        draft_cfg["block_size"] = target_cfg["block_size"]
+    match_target_context(args, draft_cfg, target_cfg)
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         target = GPT(GPTConfig(**target_cfg))
         n_target = target.num_params()
@@ -582,6 +581,12 @@ def training_rate(target_cfg, opt, device, dtype, steps=2):
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return 6 * model.num_params() * x.numel() * steps / (time.perf_counter() - started)
+
+
+def match_target_context(args, draft_cfg, target_cfg):
+    """The draft reads as far back as the target, unless `--what draft` is given a --block-size of its own."""
+    if args.what != "draft" or args.block_size is None:
+        draft_cfg["block_size"] = target_cfg["block_size"]
 
 
 def train_on_target(kind, args, text, device, dtype):
@@ -626,8 +631,7 @@ def train_model(kind, args, text, device, dtype):
         if kind == "draft":  # the draft must speak the target's tokenizer, token for token
             target = load_checkpoint(cli.checkpoint_of(args, "target"), "target")
             tokenizer = Tokenizer(target["tokenizer"])
-            if args.what != "draft" or args.block_size is None:
-                model_cfg["block_size"] = target["config"]["block_size"]
+            match_target_context(args, model_cfg, target["config"])
         elif args.tokenizer == "gpt2":
             tokenizer = Tokenizer({"kind": "gpt2"})
         else:

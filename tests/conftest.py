@@ -1,4 +1,7 @@
 """Shared fixtures: tiny models (nanochat-style CPU tests) and a tiny trained checkpoint."""
+import contextlib
+import importlib
+import io
 import os
 import subprocess
 import sys
@@ -10,6 +13,8 @@ import torch
 if not torch.cuda.is_available():  # the Triton kernel runs on the CPU under its interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
 
+import cli
+import kernels
 from model.gpt import GPT, GPTConfig
 from model.kv_cache import KVCache
 
@@ -49,8 +54,26 @@ def cache_row(cache, b):
     return row
 
 
-def run_cli(*args, timeout=120, env=None):
-    """Run one of the command-line tools; returns the CompletedProcess."""
+def run_cli(script, *args):
+    """Run a command-line tool as `python script args` runs it (cli.run around its main), but in this
+    process: a new interpreter spends 3-4 s importing torch on 2 cores, more than most of these
+    tests' work. Returns a CompletedProcess with the exit status and what the tool printed."""
+    module = importlib.import_module(script.removesuffix(".py"))
+    stdout, stderr = io.StringIO(), io.StringIO()
+    backend = kernels._backend
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            cli.run(lambda: module.main([str(a) for a in args]))
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (e.code is not None)
+    finally:
+        kernels.set_backend(backend)  # --attn sets the backend for the whole process
+    return subprocess.CompletedProcess([script, *args], status, stdout.getvalue(), stderr.getvalue())
+
+
+def run_process(*args, timeout=120, env=None):
+    """Run `python args` in a process of its own, for what only a fresh process shows: the exit
+    status as the shell sees it, the environment it starts with, a cache on disk read back."""
     return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from tests.conftest import SHAKESPEARE, run_cli
+from tests.conftest import SHAKESPEARE, run_cli, run_process
 
 
 def assert_one_line_error(result, *words):
@@ -118,7 +118,8 @@ def test_generate_bad_input(tiny_checkpoint, args, words):
 
 
 def test_generate_without_or_with_a_foreign_checkpoint(tmp_path):
-    assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "no target checkpoint", "python train.py")
+    # in a process of its own once: what the shell sees
+    assert_one_line_error(run_process("generate.py", "--out-dir", tmp_path), "no target checkpoint", "python train.py")
     (tmp_path / "target.pt").write_bytes(b"not a checkpoint")
     assert_one_line_error(run_cli("generate.py", "--out-dir", tmp_path), "not a SpecGPT checkpoint")
     torch.save({"state_dict": {}}, tmp_path / "target.pt")
@@ -168,7 +169,8 @@ def test_train_bad_input(tmp_path):
     def train(*args):
         return run_cli("train.py", "--out-dir", tmp_path / "out", "--max-iters", "1", *args)
 
-    assert_one_line_error(train("--data", tmp_path / "missing.txt"), "does not exist")
+    missing = run_process("train.py", "--out-dir", tmp_path / "out", "--data", tmp_path / "missing.txt")
+    assert_one_line_error(missing, "does not exist")
     (tmp_path / "latin1.txt").write_bytes("Roméo".encode("latin-1") * 100)
     assert_one_line_error(train("--data", tmp_path / "latin1.txt"), "not UTF-8")
     (tmp_path / "short.txt").write_text("To be or not to be.")
@@ -216,7 +218,7 @@ def test_attn_triton_without_cuda_or_interpreter(tiny_checkpoint):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = run_cli("generate.py", "--out-dir", tiny_checkpoint, "--attn", "triton", env=env)
+    r = run_process("generate.py", "--out-dir", tiny_checkpoint, "--attn", "triton", env=env)
     assert_one_line_error(r, "--attn triton")
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--attn", "triton", "--dtype", "float64")
     assert_one_line_error(r, "float64")
@@ -270,7 +272,7 @@ def test_generate_compiled_says_what_eager_says_and_compiles_once(tiny_checkpoin
     args = ("generate.py", "--out-dir", tiny_checkpoint, "--prompt", "A", "--max-new-tokens", "1",
             "--temperature", "0", "--json")
     eager = run_cli(*args)
-    first, second = (run_cli(*args, "--compile", timeout=300) for _ in range(2))
+    first, second = (run_process(*args, "--compile", timeout=300) for _ in range(2))  # the second reads the disk
     assert eager.returncode == first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert json.loads(first.stdout)["text"] == json.loads(second.stdout)["text"] == json.loads(eager.stdout)["text"]
     assert "compiling target.pt's" in first.stderr and "compiling" not in second.stderr

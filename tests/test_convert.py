@@ -18,7 +18,7 @@ from model import convert
 from model.checkpoint import load_model
 from model.medusa import MedusaConfig, MedusaHeads
 from model.tokenizer import Tokenizer, gpt2_byte_alphabet
-from tests.conftest import SHAKESPEARE, run_cli, tiny_model
+from tests.conftest import SHAKESPEARE, run_cli, run_process, tiny_model
 from tests.test_cli import assert_one_line_error
 
 transformers = pytest.importorskip("transformers")
@@ -217,7 +217,7 @@ def test_bad_folders_get_one_line(imported, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "nowhere" in err[0] and "activation_function" in err[1]
     assert not (tmp_path / "out.pt").exists()
-    r = run_cli("-m", "model.convert", tmp_path / "nowhere", tmp_path / "out.pt")
+    r = run_process("-m", "model.convert", tmp_path / "nowhere", tmp_path / "out.pt")
     assert_one_line_error(r, "nowhere")
     assert_one_line_error(run_cli("generate.py", "--target", tmp_path / "missing.pt"), "--target", "missing.pt")
 
