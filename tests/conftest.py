@@ -12,6 +12,9 @@ import torch
 
 if not torch.cuda.is_available():  # the Triton kernel runs on the CPU under its interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest.ini runs a worker per core: one thread each, or
+    # their thread pools fight over the cores and the suite runs slower than in one process
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 import cli
 import kernels
