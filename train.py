@@ -235,7 +235,7 @@ def fit(step, optimizer, opt, train, block_size, device, gen, evaluate_and_save,
     opt: the optimisation settings (schedule, batch size, micro-batches, clip, eval interval);
     evaluate_and_save(iteration, seconds) runs every eval_interval iterations and at the end, and
     appends to `history`, whose last entry says what is safe on disk if the loss turns to NaN."""
-    processes, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    processes = dist.get_world_size() if dist.is_initialized() else 1
     accum = opt.get("grad_accum", 1)  # settings saved before micro-batches have none
     micro, left = divmod(opt["batch_size"], processes * accum)
     if left or not micro:
@@ -253,7 +253,7 @@ def fit(step, optimizer, opt, train, block_size, device, gen, evaluate_and_save,
         x, y = train.batch(opt["batch_size"], block_size, gen, device)  # the same global batch in every process
         loss = torch.zeros((), device=device)
         for i in range(accum):
-            rows = slice((rank * accum + i) * micro, (rank * accum + i + 1) * micro)
+            rows = slice((RANK * accum + i) * micro, (RANK * accum + i + 1) * micro)
             # the gradients are averaged across processes once, in the last micro-batch's backward
             with step.no_sync() if processes > 1 and i < accum - 1 else nullcontext():
                 with autocast:
