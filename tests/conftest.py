@@ -67,8 +67,8 @@ def run_cli(script, *args):
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             cli.run(lambda: module.main([str(a) for a in args]))
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else (e.code is not None)
+    except SystemExit as e:  # cli.run ends in sys.exit, as the shell would see it
+        status = e.code if isinstance(e.code, int) else int(e.code is not None)  # None: 0, a message: 1
     finally:
         kernels.set_backend(backend)  # --attn sets the backend for the whole process
     return subprocess.CompletedProcess([script, *args], status, stdout.getvalue(), stderr.getvalue())
