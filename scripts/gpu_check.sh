@@ -44,7 +44,7 @@ stage() {  # stage NAME SECONDS: runs the commands read from stdin under one tim
 stage kernel 300 <<EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-python -m pytest -q tests/test_attention.py tests/test_triton_attention.py
+python -m pytest -q -n 0 tests/test_attention.py tests/test_triton_attention.py  # one process: one GPU
 EOF
 stage kernel-bench 150 <<EOF
 python kernels/bench.py --dtype bfloat16
