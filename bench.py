@@ -158,7 +158,7 @@ def profile_checkpoints(args):
     model uses), and with --draft, the draft's step cost c against each larger checkpoint of its
     tokenizer and the speedup the cost model predicts for it at a few acceptance rates."""
     device, dtype = cli.setup_device(args)
-    header = dict(command="python " + " ".join(sys.argv), device=device, dtype=cli.dtype_name(dtype),
+    header = dict(command=args.command, device=device, dtype=cli.dtype_name(dtype),
                   compiled=args.compile, threads=torch.get_num_threads())
     draft = None
     if args.draft:
@@ -384,12 +384,13 @@ def plot_batches(results, header, directory):
 
 def main(argv=None):
     args = parse_args(argv)
+    args.command = "python " + " ".join(sys.argv if argv is None else ["bench.py", *argv])  # for the report
     if args.profile:  # checkpoints of their own, instead of the target
         return profile_checkpoints(args)
     sampling, device, dtype, target, tokenizer, state = cli.setup(args)
     model = cli.compiled(target, cli.checkpoint_of(args, "target"), args, device, dtype, prepare=True)  # no compile inside a timed run
     block_size = model.config.block_size
-    header = dict(command="python " + " ".join(sys.argv), device=device, dtype=cli.dtype_name(dtype),
+    header = dict(command=args.command, device=device, dtype=cli.dtype_name(dtype),
                   compiled=args.compile, params_millions=round(target.num_params() / 1e6, 2),
                   threads=torch.get_num_threads(),
                   sampling="greedy" if sampling.greedy else f"temperature {args.temperature}")

@@ -64,8 +64,10 @@ def test_bench_prompt_lookup_rows(tiny_checkpoint):
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--methods", "prompt-lookup", "--prompt-lookup", "3,5,2",
                 "1,4,8", "--num-prompts", "2", "--max-new-tokens", "8", "--json")
     assert r.returncode == 0, r.stderr
-    methods = [row["method"] for row in json.loads(r.stdout)["rows"]]
-    assert methods == ["none", "prompt-lookup 3,5,2", "prompt-lookup 1,4,8", "none again (noise)"]
+    result = json.loads(r.stdout)
+    assert [row["method"] for row in result["rows"]] == ["none", "prompt-lookup 3,5,2", "prompt-lookup 1,4,8",
+                                                         "none again (noise)"]
+    assert result["command"].startswith("python bench.py --out-dir ") and result["command"].endswith("--json")
 
 
 def test_bench_plots(tiny_checkpoint, tmp_path):
