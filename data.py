@@ -65,8 +65,12 @@ class TokenData:
             raise UserError(f"the {self.name} split has {len(self.tokens)} tokens, too short for one "
                             f"window of {block_size + 1}: use more text or a smaller --block-size")
 
-    def batch(self, batch_size, block_size, generator=None, device="cpu"):
+    def positions(self, batch_size, block_size, generator=None):
+        """(batch_size, block_size) positions of random windows of the split."""
         starts = torch.randint(len(self.tokens) - block_size, (batch_size,), generator=generator)
-        x = torch.stack([self.tokens[s:s + block_size] for s in starts])
-        y = torch.stack([self.tokens[s + 1:s + 1 + block_size] for s in starts])
-        return x.to(device), y.to(device)
+        return starts[:, None] + torch.arange(block_size)
+
+    def batch(self, batch_size, block_size, generator=None, device="cpu"):
+        """(x, y): random windows (B, T) and the tokens that follow each of their tokens."""
+        positions = self.positions(batch_size, block_size, generator)
+        return self.tokens[positions].to(device), self.tokens[positions + 1].to(device)

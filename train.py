@@ -78,6 +78,7 @@ EAGLE_TRAINING = dict(batch_size=16, max_iters=3000, learning_rate=3e-3, warmup_
 LAMBDA0 = 0.2             # Medusa-2: weight of the heads' loss next to the target's own
 BACKBONE_LR_SCALE = 0.25  # Medusa-2: the target learns 4x slower than the heads
 TOP = 10                  # accuracies are measured for each head's 10 likeliest tokens
+TEACHER_TOP = 32          # a distilled draft learns the target's 32 likeliest next tokens at each position
 DEFAULT_VOCAB_SIZE = 512
 RANK = int(os.environ.get("RANK", "0"))  # set by torchrun; 0 in a single process
 
@@ -512,7 +513,7 @@ def main(argv=None):
     summary = []
     kinds = ["target", "draft", "medusa", "eagle"] if args.what == "all" else [args.what]
     if RANK == 0 and not any(os.path.exists(checkpoint_path(args.out_dir, kind)) for kind in kinds):
-        plan(args, kinds, device, dtype)  # a fresh run: a resumed one shows each phase's ETA as it goes
+        plan(args, kinds, device, dtype, text)  # a fresh run: a resumed one shows each phase's ETA as it goes
     try:
         for kind in kinds:
             started = time.time()
@@ -526,16 +527,22 @@ def main(argv=None):
     return 0
 
 
-def plan(args, kinds, device, dtype):
+def plan(args, kinds, device, dtype, text):
     """One line before anything trains: each model's iterations and size, and about how long the
     whole run should take here. A training step of the target's shape is timed now; each phase's
     time is that rate applied to its arithmetic per token (6 x the parameters trained, 2 x those
     only run forward, as Kaplan et al. count), evaluations included. Each phase's own ETA follows."""
     target_cfg, target_opt = settings_from_args(args, "target", device)
+    train_text = split_text(text)[0]
     if "target" in kinds:
         target_cfg["vocab_size"] = 50257 if args.tokenizer == "gpt2" else args.vocab_size
+        if args.tokenizer == "gpt2":
+            train_tokens = len(Tokenizer({"kind": "gpt2"}).encode(train_text))
+        else:  # a BPE not trained yet: 512 tokens make about 2 characters a token of English (1.94 here)
+            train_tokens = len(train_text) / 2
     elif os.path.exists(cli.checkpoint_of(args, "target")):
-        target_cfg = load_checkpoint(cli.checkpoint_of(args, "target"), "target")["config"]
+        saved = load_checkpoint(cli.checkpoint_of(args, "target"), "target")
+        target_cfg, train_tokens = saved["config"], len(Tokenizer(saved["tokenizer"]).encode(train_text))
     else:
         return  # the phase itself says what is missing
     draft_cfg, draft_opt = settings_from_args(args, "draft", device)
@@ -551,7 +558,7 @@ def plan(args, kinds, device, dtype):
     opts = dict(target=target_opt, draft=draft_opt,
                 medusa=override(HEADS_TRAINING, args), eagle=override(EAGLE_TRAINING, args))
     # per token: (parameters whose products run forward and backward, those that run forward only)
-    arithmetic = dict(target=(n_target, 0), draft=(params["draft"], n_target * args.distill),
+    arithmetic = dict(target=(n_target, 0), draft=(params["draft"], 0),
                       medusa=(params["medusa"] + n_target * args.medusa_joint, n_target * (not args.medusa_joint)),
                       eagle=(params["eagle"] + target.lm_head.weight.numel(), n_target))  # back through lm_head
     flops = 0.0
@@ -560,6 +567,8 @@ def plan(args, kinds, device, dtype):
         evals = math.ceil(opt["max_iters"] / opt["eval_interval"]) * opt["eval_iters"]
         tokens = opt["batch_size"] * (draft_cfg if kind == "draft" else target_cfg)["block_size"]
         flops += tokens * (opt["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + forward))
+    if "draft" in kinds and args.distill:  # the target's pass over the training split, at half-window strides
+        flops += 2 * train_tokens * 2 * n_target
     names = dict(target="the target", draft="the draft", medusa="the Medusa heads", eagle="the EAGLE head")
     sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {opts[kind]['max_iters']:,} iterations)"
                       for kind in kinds)
@@ -587,6 +596,42 @@ def match_target_context(args, draft_cfg, target_cfg):
     """The draft reads as far back as the target, unless `--what draft` is given a --block-size of its own."""
     if args.what != "draft" or args.block_size is None:
         draft_cfg["block_size"] = target_cfg["block_size"]
+
+
+class DistilledData(TokenData):
+    """The training split with the target's next-token distributions computed once, for a draft to
+    distil: run on every batch instead, the target took four fifths of the draft's training time
+    (docs/2026-12-04-epyc-k.md, with the draft's acceptance either way).
+    Each position keeps the target's TEACHER_TOP likeliest next tokens, renormalised, predicted from
+    at least half a window of text: the split is read in windows of block_size at strides of half a
+    window, each kept from where the one before ended. batch() returns windows and, in place of the
+    tokens that follow, their positions, whose distributions the draft's loss reads (`probs`, `ids`)."""
+
+    def __init__(self, split, teacher, block_size, batch_size, device):
+        self.tokens, self.chars_per_token, self.name = split.tokens, split.chars_per_token, split.name
+        n, half = len(self.tokens), block_size // 2
+        self.probs = torch.zeros(n, TEACHER_TOP, dtype=torch.float16, device=device)
+        self.ids = torch.zeros(n, TEACHER_TOP, dtype=torch.int32, device=device)
+        starts = list(range(0, n - block_size + 1, half))
+        if starts[-1] != n - block_size:  # the split's last tokens
+            starts.append(n - block_size)
+        covered = 0
+        with torch.no_grad():
+            for i in range(0, len(starts), batch_size):
+                group = torch.tensor(starts[i:i + batch_size])
+                with autocast_for(device):
+                    logits = teacher(self.tokens[group[:, None] + torch.arange(block_size)].to(device))
+                probs, ids = torch.softmax(logits.float(), -1).topk(TEACHER_TOP, dim=-1)  # (B, T, top)
+                probs /= probs.sum(-1, keepdim=True)
+                for row, start in enumerate(group.tolist()):
+                    kept = slice(covered - start, block_size)
+                    self.probs[covered:start + block_size] = probs[row, kept]
+                    self.ids[covered:start + block_size] = ids[row, kept]
+                    covered = start + block_size
+
+    def batch(self, batch_size, block_size, generator=None, device="cpu"):
+        positions = self.positions(batch_size, block_size, generator)
+        return self.tokens[positions].to(device), positions.to(device)
 
 
 def train_on_target(kind, args, text, device, dtype):
@@ -660,16 +705,20 @@ def train_model(kind, args, text, device, dtype):
           f"{model.num_params() / 1e6:.2f}M parameters, tokenizer {tokenizer.name}, "
           f"{train.chars_per_token:.2f} characters/token, {len(train.tokens):,} training tokens")
     step_model = torch.compile(model) if args.compile else model
-    teacher = None
-    if kind == "draft" and args.distill:
+    distilled = kind == "draft" and args.distill
+    if distilled:
+        started = time.time()
         teacher = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)[0]
-        say("distilling from the target: the training loss is the cross-entropy to its distributions")
+        train = DistilledData(train, teacher, config.block_size, opt["batch_size"], device)
+        say(f"distilling from the target: its distributions over the training split took "
+            f"{format_duration(time.time() - started)}; the loss is the cross-entropy to them")
 
     def step_loss(x, y):
         logits = step_model(x)
-        with torch.no_grad():  # a distilled draft learns the target's whole next-token distribution
-            labels = y.view(-1) if teacher is None else torch.softmax(teacher(x).float(), -1).flatten(0, 1)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels)
+        if distilled:  # y: the positions of x's tokens, whose cached target distributions the draft learns
+            logprobs = F.log_softmax(logits.float(), -1).gather(-1, train.ids[y].long())  # (B, T, top)
+            return -(train.probs[y].float() * logprobs).sum(-1).mean()
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
 
     def evaluate_and_save(it, elapsed):
         val_loss = estimate_loss(step_model, val, opt, config.block_size, device)
