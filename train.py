@@ -533,16 +533,12 @@ def plan(args, kinds, device, dtype, text):
     time is that rate applied to its arithmetic per token (6 x the parameters trained, 2 x those
     only run forward, as Kaplan et al. count), evaluations included. Each phase's own ETA follows."""
     target_cfg, target_opt = settings_from_args(args, "target", device)
-    train_text = split_text(text)[0]
+    saved = None  # the target's checkpoint, when this run does not train it
     if "target" in kinds:
         target_cfg["vocab_size"] = 50257 if args.tokenizer == "gpt2" else args.vocab_size
-        if args.tokenizer == "gpt2":
-            train_tokens = len(Tokenizer({"kind": "gpt2"}).encode(train_text))
-        else:  # a BPE not trained yet: 512 tokens make about 2 characters a token of English (1.94 here)
-            train_tokens = len(train_text) / 2
     elif os.path.exists(cli.checkpoint_of(args, "target")):
         saved = load_checkpoint(cli.checkpoint_of(args, "target"), "target")
-        target_cfg, train_tokens = saved["config"], len(Tokenizer(saved["tokenizer"]).encode(train_text))
+        target_cfg = saved["config"]
     else:
         return  # the phase itself says what is missing
     draft_cfg, draft_opt = settings_from_args(args, "draft", device)
@@ -568,12 +564,23 @@ def plan(args, kinds, device, dtype, text):
         tokens = opt["batch_size"] * (draft_cfg if kind == "draft" else target_cfg)["block_size"]
         flops += tokens * (opt["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + forward))
     if "draft" in kinds and args.distill:  # the target's pass over the training split, at half-window strides
-        flops += 2 * train_tokens * 2 * n_target
+        flops += 2 * training_tokens(args, text, saved) * 2 * n_target
     names = dict(target="the target", draft="the draft", medusa="the Medusa heads", eagle="the EAGLE head")
     sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {opts[kind]['max_iters']:,} iterations)"
                       for kind in kinds)
     seconds = flops / training_rate(target_cfg, opts["target"], device, dtype)
     say(f"training {sizes}: about {format_duration(seconds)} here (a training step timed now)")
+
+
+def training_tokens(args, text, target_state):
+    """The training split's tokens: counted with the saved target's tokenizer or GPT-2's; a BPE not
+    trained yet makes about 2 characters a token of English at 512 tokens (1.94 on tiny Shakespeare)."""
+    train_text = split_text(text)[0]
+    if target_state is not None:
+        return len(Tokenizer(target_state["tokenizer"]).encode(train_text))
+    if args.tokenizer == "gpt2":
+        return len(Tokenizer({"kind": "gpt2"}).encode(train_text))
+    return len(train_text) / 2
 
 
 def training_rate(target_cfg, opt, device, dtype, steps=2):
