@@ -309,20 +309,21 @@ def report_start(args, header, rows, how="", **settings):
     return False
 
 
-def bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_seconds):
+def bench_batches(args, model, rows, prompts, sampling, header, max_pass, drafting_seconds):
     """--batch-sizes: every row decodes the prompts in batches of each size. A batch's speculation
     costs a pass of B rows x n tokens, r_B(n) times a plain batched step, n being the longest row's
-    pass (the others are padded to it), plus the drafters' forwards, which run row by row:
-    B x d x (a draft forward's seconds) / (the batched step's seconds)."""
+    pass (the others are padded to it), plus d drafting forwards: d x drafting_seconds(B)[method]
+    / (the batched step's seconds)."""
     prefix = profile_prefix(model)
     results = []
     for batch_size in args.batch_sizes:
         r, step = cost_curve(model, max_pass, prefix, batch_size=batch_size)
+        step_seconds = drafting_seconds(batch_size)
         totals, outputs, seconds = run_interleaved(model, rows, prompts, sampling, args.max_new_tokens, args.seed,
                                                    batch_size, args.fallback)
         base = totals["none"].new_tokens / seconds["none"]
         for label, s in totals.items():
-            draft_cost = batch_size * step_seconds.get(label.split()[0], 0.0) / step * s.draft_forwards / s.target_forwards
+            draft_cost = step_seconds.get(label.split()[0], 0.0) / step * s.draft_forwards / s.target_forwards
             same = sum(a == b for a, b in zip(outputs[label], outputs["none"])) / len(prompts) if sampling.greedy else None
             results.append(dict(method=label, batch_size=batch_size, tau=s.tau, alpha=s.alpha,
                                 tokens_per_s=s.new_tokens / seconds[label], speedup=s.new_tokens / seconds[label] / base,
@@ -430,9 +431,12 @@ def main(argv=None):
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)
     cost = dict(r=cost_curve(model, max_pass, prefix)[0])
-    # seconds of one draft forward, by method: the draft model's step, the EAGLE head's forward
-    step_seconds = dict(draft=forward_seconds(draft, 1, profile_prefix(draft)) if draft is not None else 0.0,
-                        eagle=head_seconds(eagle_head[0], model.config.vocab_size, prefix) if eagle_head else 0.0)
+    def drafting_seconds(batch_size=1):
+        """Seconds of one draft forward for a batch of B rows, by method: the draft model steps all the
+        rows at once; the EAGLE head drafts row by row, B forwards."""
+        return dict(draft=forward_seconds(draft, 1, profile_prefix(draft), batch_size=batch_size) if draft is not None else 0.0,
+                    eagle=batch_size * head_seconds(eagle_head[0], model.config.vocab_size, prefix) if eagle_head else 0.0)
+    step_seconds = drafting_seconds()
     step = forward_seconds(model, 1, prefix) if draft is not None or eagle_head is not None else None
     if draft is not None:
         cost["c"] = step_seconds["draft"] / step
@@ -443,7 +447,7 @@ def main(argv=None):
     text = read_text(args.data or state.get("data"))
     prompts = held_out_prompts(tokenizer, text, args.num_prompts, args.prompt_len, args.seed)
     if args.batch_sizes:
-        return bench_batches(args, model, rows, prompts, sampling, header, max_pass, step_seconds)
+        return bench_batches(args, model, rows, prompts, sampling, header, max_pass, drafting_seconds)
     totals, outputs, _ = run_interleaved(model, rows, prompts, sampling, args.max_new_tokens, args.seed,
                                          fallback=args.fallback)
 

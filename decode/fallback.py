@@ -1,7 +1,7 @@
 """Falling back to plain decoding where speculation does not pay, by measuring both.
 
 Whether checking guesses beats plain steps depends on more than a cost model sees: in a batch every
-row's pass is padded to the longest and masked per row, drafters run row by row, and the text
+row's pass is padded to the longest and masked per row, some drafters run row by row, and the text
 decides how much is accepted. So the loop times its own rounds: the tokens each row gains per second
 in the rounds that speculated and in the plain ones, as running averages, and lets the rows propose
 only while speculating is the faster. It tries each mode for a few rounds first, then, since the

@@ -9,6 +9,11 @@ output token, which is why no method can change what the model says.
     propose(tokens, max_depth, sampling, generator) -> Candidates | None
                                          candidates after the last accepted token, at most
                                          max_depth deep (the room left in the context window)
+    propose_rows(proposers, texts, max_depths, sampling, generator) -> [Candidates | None]
+                                         (a class method) propose for the rows of a batch that
+                                         use this method, one proposer each; by default each
+                                         row's propose (none where max_depth is 0). A method whose
+                                         drafter can run the rows together overrides it
     update(tokens, verdict, logits, hidden)
                                          the round's outcome: tokens now ends with the accepted path
                                          and the target's next token; logits holds the pass's
@@ -39,6 +44,11 @@ class Proposer:
 
     def propose(self, tokens: list, max_depth: int, sampling, generator) -> Candidates | None:
         raise NotImplementedError
+
+    @classmethod
+    def propose_rows(cls, proposers: list, texts: list, max_depths: list, sampling, generator) -> list:
+        return [proposer.propose(tokens, max_depth, sampling, generator) if max_depth > 0 else None
+                for proposer, tokens, max_depth in zip(proposers, texts, max_depths)]
 
     def update(self, tokens: list, verdict: Verdict, logits, hidden) -> None:
         pass

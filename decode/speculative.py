@@ -16,7 +16,8 @@ the next pass re-prefills the last half window. Candidates are never deeper than
 the window, so every method predicts every token from the same context, which is what makes greedy
 speculation token-identical to plain greedy.
 
-A batch of prompts runs the same rounds, every row with a proposer of its own: the rows' passes
+A batch of prompts runs the same rounds, every row with a proposer of its own (a method may serve
+its rows together: a draft model runs their draft steps as one forward of its own). The rows' passes
 (each its tail and its candidates) are padded to one length and run as ONE target forward, each row
 after its own committed length, under its own mask; each row's verdict commits its own path. A
 padding token sees only itself and is never committed, so every row says exactly what it would say
@@ -36,7 +37,7 @@ from decode.plain import Plain
 from decode.proposer import Proposer
 from decode.sampling import token_probs
 from decode.stats import DecodeStats
-from decode.tree import Candidates, pass_mask
+from decode.tree import Candidates, pass_mask, padded_pass
 from decode.verify import verify_greedy, verify_sampling
 from decode.window import ContextWindow
 from model.kv_cache import RowView
@@ -82,6 +83,22 @@ class _Row:
         return list(range(length, root_pos + 1)) + [root_pos + o for o in offsets]
 
 
+def _propose(rows, depth_limits, sampling, generator):
+    """Every row's candidates (None: it proposes nothing), each method proposing for all of its
+    rows at once: a draft model runs their steps as one forward."""
+    proposals = [None] * len(rows)
+    by_method = {}
+    for b, row in enumerate(rows):
+        by_method.setdefault(type(row.proposer), []).append(b)
+    for method, members in by_method.items():
+        texts = [rows[b].tokens for b in members]
+        limits = [depth_limits[b] for b in members]
+        for b, candidates in zip(members, method.propose_rows([rows[b].proposer for b in members], texts, limits,
+                                                              sampling, generator)):
+            proposals[b] = candidates
+    return proposals
+
+
 def _pass_groups(rows):
     """Which rows run one forward together: all of them, unless some re-prefill their window (half
     a window after a slide) while the others pass their usual few tokens. Padded to the refill's
@@ -105,15 +122,8 @@ def _pass_inputs(rows, cache, device):
         return (torch.tensor([row.pass_tokens()], device=device),
                 torch.tensor(row.pass_positions(cache.lengths[0]), device=device),
                 pass_mask(row.candidates, len(row.tail)).to(device))
-    idx = torch.zeros(len(rows), n, dtype=torch.long)
-    pos = torch.zeros(len(rows), n, dtype=torch.long)
-    mask = torch.eye(n, dtype=torch.bool).repeat(len(rows), 1, 1)  # (B, n, n)
-    for b, row in enumerate(rows):
-        size = row.pass_size
-        idx[b, :size] = torch.tensor(row.pass_tokens())
-        pos[b, :size] = torch.tensor(row.pass_positions(cache.lengths[b]))
-        mask[b, :size, :size] = pass_mask(row.candidates, len(row.tail))
-    return idx.to(device), pos.to(device), mask.to(device)
+    return padded_pass([(row.pass_tokens(), row.pass_positions(length), pass_mask(row.candidates, len(row.tail)))
+                        for row, length in zip(rows, cache.lengths)], device)
 
 
 @torch.inference_mode()
@@ -160,15 +170,16 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
     while active:
         t0 = clock()
         speculating = fallback is None or fallback.speculate()
+        depth_limits = []
         for b, row in enumerate(active):
             row.window.slide_if_full(len(row.tokens), row=b)  # the root must fit
             row.tail = row.tokens[row.window.cached:]
             # the pass adds one token of its own
-            depth_limit = min(row.window.room(len(row.tokens)), max_new_tokens - row.new_tokens - 1)
-            candidates = (row.proposer.propose(row.tokens, depth_limit, sampling, generator)
-                          if depth_limit > 0 and speculating else None)
-            row.candidates = NO_CANDIDATES if candidates is None else candidates
+            depth_limits.append(min(row.window.room(len(row.tokens)), max_new_tokens - row.new_tokens - 1))
             row.stats.held_rounds += not speculating
+        proposals = _propose(active, depth_limits, sampling, generator) if speculating else [None] * len(active)
+        for row, candidates in zip(active, proposals):
+            row.candidates = NO_CANDIDATES if candidates is None else candidates
         t1 = clock()
         outputs = [None] * len(active)  # per row: (logits, hidden states, the width its pass was padded to)
         for group in _pass_groups(active):

@@ -104,3 +104,20 @@ def pass_mask(candidates, tail):
     full[width:, :tail] = True
     full[width:, width:] = candidates.side.mask.numpy()
     return torch.from_numpy(full)
+
+
+def padded_pass(passes, device):
+    """The inputs of one forward over batch rows that pass different tokens: tokens (B, n), positions
+    (B, n) and a bool mask (B, n, n) among them, every row padded to the longest pass. passes: per
+    row (tokens, positions, bool mask among its tokens). A padding token sees only itself, and no
+    commit keeps it."""
+    n = max(len(tokens) for tokens, _, _ in passes)
+    idx = torch.zeros(len(passes), n, dtype=torch.long)
+    pos = torch.zeros(len(passes), n, dtype=torch.long)
+    mask = torch.eye(n, dtype=torch.bool).repeat(len(passes), 1, 1)  # (B, n, n)
+    for b, (tokens, positions, row_mask) in enumerate(passes):
+        size = len(tokens)
+        idx[b, :size] = torch.tensor(tokens)
+        pos[b, :size] = torch.tensor(positions)
+        mask[b, :size, :size] = row_mask
+    return idx.to(device), pos.to(device), mask.to(device)

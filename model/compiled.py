@@ -103,7 +103,7 @@ class StaticGPT:
     def __call__(self, idx, cache=None, pos=None, mask=None, return_hidden=False):
         B, n = idx.size()
         bucket = next((b for b in self.buckets if b >= n), None)
-        if cache is None or bucket is None or B != 1:
+        if cache is None or bucket is None or B != 1 or cache.k.size(1) != 1:  # one row, the whole cache's
             return self.model(idx, cache, pos=pos, mask=mask, return_hidden=return_hidden)
         prefix = cache.length
         if pos is None:

@@ -100,6 +100,46 @@ def test_every_row_says_what_its_prompt_says_alone(method, held):
     assert target.rounds >= 4 * 50 / 3  # every row checked after every round it took part in
 
 
+class CountedDraft(RecordingTarget):
+    """The draft, counting its forwards."""
+    calls = 0
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+
+class CheckedDraftRow(DraftModel):
+    """After every round, this row of the draft's batched cache equals a fresh prefill of the
+    tokens the row says it holds."""
+    checked = 0
+
+    def update(self, tokens, verdict, logits, hidden):
+        super().update(tokens, verdict, logits, hidden)
+        if self.batch is not None:
+            row = cache_row(self.batch.cache, self.batch.row(self))
+            assert_matches_prefill(DRAFT, row, tokens[self.context.start:self.context.cached])
+            self.checked += 1
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["speculating", "held every other round"])
+def test_the_draft_steps_all_its_rows_in_one_forward_each_row_guessing_as_it_would_alone(held):
+    """Rows of k = 1..4 (steps where some rows have stopped guessing), prompts of different lengths
+    (padded catch-ups), rows sliding and leaving at their own times."""
+    draft = CountedDraft(DRAFT)
+    proposers = [CheckedDraftRow(draft, k) for k in (1, 2, 3, 4)]
+    outputs, stats = generate_batch(TARGET, PROMPTS, 50, Sampling(), proposers=proposers,
+                                    fallback=EveryOtherRound() if held else None)
+    for prompt, k, output, row_stats, proposer in zip(PROMPTS, (1, 2, 3, 4), outputs, stats, proposers):
+        alone, alone_stats = generate(TARGET, prompt, 50, Sampling(), proposer=DraftModel(DRAFT, k),
+                                      fallback=EveryOtherRound() if held else None)
+        assert output == alone
+        # the same guesses, accepted alike, in as many rounds
+        assert (row_stats.accepted, row_stats.target_forwards) == (alone_stats.accepted, alone_stats.target_forwards)
+        assert proposer.checked > 10
+    assert draft.calls < sum(row_stats.draft_forwards for row_stats in stats) / 2
+
+
 def test_rows_of_different_methods_leave_the_batch_when_done_and_stream_their_own_tokens():
     seen = {b: [] for b in range(3)}
     proposers = [METHODS["none"](), METHODS["prompt lookup"](), METHODS["draft k=3"]()]

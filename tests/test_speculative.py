@@ -94,7 +94,7 @@ class CheckedDraft(DraftModel):
         super().update(tokens, verdict, logits, hidden)
         target = self.recorder.cache  # holds every accepted token but the newest
         assert_matches_prefill(eager(self.recorder.model), target, tokens[len(tokens) - 1 - target.length:-1])
-        assert_matches_prefill(eager(self.draft), self.cache, tokens[self.context.start:self.context.cached])
+        assert_matches_prefill(eager(self.draft), self.batch.cache, tokens[self.context.start:self.context.cached])
         self.rounds += 1
 
 
