@@ -9,7 +9,7 @@ float64; the compiled packages for two buckets, in float32, against the same ref
 import pytest
 import torch
 
-from decode import generate
+from decode import generate, generate_batch
 from decode.methods import make_proposer
 from decode.sampling import Sampling
 from model.compiled import BUCKETS, StaticGPT
@@ -100,6 +100,16 @@ def test_every_method_on_the_static_path_is_token_identical_to_plain(method):
         plain, _ = generate(TARGET, prompt, 50, Sampling())  # crosses the context window
         spec, stats = generate(STATIC, prompt, 50, Sampling(), proposer=proposer)
         assert spec == plain
+
+
+def test_a_batch_on_the_static_path_runs_its_one_row_forwards_eagerly():
+    """A batch's rows slide at their own rounds and re-prefill in a forward of their own, over a
+    view of the batch's cache: the static pass, which holds a one-row cache whole, must not take it."""
+    draft = StaticGPT(tiny_model(seed=5, n_layer=1))
+    prompts = [[5], [1, 2, 3, 1, 2, 3, 1, 2], list(range(10, 40))]
+    proposers = [make_proposer("draft", str(k), STATIC, draft_model=draft) for k in (1, 2, 3)]
+    outputs, _ = generate_batch(STATIC, prompts, 50, Sampling(), proposers=proposers)
+    assert outputs == [generate(TARGET, prompt, 50, Sampling())[0] for prompt in prompts]
 
 
 def test_compiled_packages_equal_the_model_and_are_reused(tmp_path):
