@@ -47,6 +47,22 @@ def test_rows_with_their_own_prefix_lengths_attend_as_if_alone(n):
             torch.testing.assert_close(out[b:b + 1], naive_attention(q[b:b + 1], k[alone], v[alone], row_mask))
 
 
+def test_a_pass_mask_is_reused_only_for_the_same_lengths_and_mask():
+    """Every layer of a pass reuses the mask its first layer built; the next pass, with new lengths of
+    the same shape, or a new mask, gets its own."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 1, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 2, 7, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 2, 7, 8, generator=gen, dtype=torch.float64)
+    one = torch.ones(1, 1, dtype=torch.bool)
+    for lengths in (torch.tensor([6, 2]), torch.tensor([6, 2]), torch.tensor([3, 6]), torch.tensor([3, 6])):
+        for mask in (None, one, one):
+            out = reference_attention(q, k, v, mask, lengths)
+            for b, length in enumerate(lengths.tolist()):
+                alone = slice(b, b + 1), slice(None), slice(0, length + 1)
+                torch.testing.assert_close(out[b:b + 1], naive_attention(q[b:b + 1], k[alone], v[alone], one))
+
+
 def test_strided_cache_views_are_fine():
     cache_k = torch.randn(1, 2, 40, 8, dtype=torch.float64)  # a cache slot bigger than what is in use
     cache_v = torch.randn(1, 2, 40, 8, dtype=torch.float64)
