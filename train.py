@@ -19,6 +19,10 @@ process evaluates (the same fixed val batches, in the time the others would wait
 (whose preset is `draft` otherwise); the optimisation flags (--max-iters, ...) apply to every model
 trained.
 
+The target and the draft stop where val stops improving: after --patience evaluations (2 by
+default) without a lower val loss. Their checkpoint is then written only when the loss is lower, so
+it holds the best evaluation, and --resume goes on from there.
+
 Medusa heads (model/medusa.py). Medusa-1 (the default) freezes the target: each batch runs it once
 without gradients for its final hidden states, and only the heads learn, on sum_i 0.8^i CE_i.
 Medusa-2 (--medusa-joint) trains target and heads together on L_LM + 0.2 L_heads, the target at a
@@ -55,15 +59,16 @@ from model.medusa import MedusaConfig, MedusaHeads, head_losses, heads_loss, sav
 from model.tokenizer import Tokenizer
 
 # Optimisation settings per model preset; every one can be overridden by the flag of the same name.
+# patience: evaluations without a lower val loss after which training stops (0: never stops early).
 TRAIN_PRESETS = {
     "tiny": dict(batch_size=8, max_iters=200, learning_rate=1e-3, warmup_iters=20,
-                 eval_interval=100, eval_iters=4),
+                 eval_interval=100, eval_iters=4, patience=0),
     "cpu": dict(batch_size=32, max_iters=1200, learning_rate=2e-3, warmup_iters=100,
-                eval_interval=100, eval_iters=20),
+                eval_interval=100, eval_iters=20, patience=2),
     "gpu": dict(batch_size=64, max_iters=5000, learning_rate=1e-3, warmup_iters=100,
-                eval_interval=250, eval_iters=200),
+                eval_interval=250, eval_iters=200, patience=2),
     "draft": dict(batch_size=32, max_iters=1200, learning_rate=2e-3, warmup_iters=100,
-                  eval_interval=200, eval_iters=20),
+                  eval_interval=200, eval_iters=20, patience=2),
 }
 # The heads' settings: lr 3e-3 beat Medusa's 1e-3 on the default target (head 0 top-1 0.159 vs 0.136
 # after 400 iterations); one evaluation, at the end, which also measures the accuracies.
@@ -129,6 +134,10 @@ def parse_args(argv=None):
                    help="AdamW weight decay of matrices (default 0.1; 0 for Medusa heads, whose projections "
                         "start as copies of the target's lm_head and must not be pulled towards zero)")
     g.add_argument("--grad-clip", type=float, help="gradient norm clip (default 1.0)")
+    g.add_argument("--patience", type=int,
+                   help="the target or draft stops after this many evaluations without a lower val loss, its "
+                        "checkpoint holding the best; 0 trains all --max-iters, saving at every evaluation "
+                        "(default 2; 0 for the tiny preset)")
     g.add_argument("--log-interval", type=int, default=50)
     return p.parse_args(argv)
 
@@ -161,6 +170,10 @@ def settings_from_args(args, kind, device):
         if shaped_by_flags and getattr(args, name) is not None:
             model_cfg[name] = getattr(args, name)
     opt = dict(override(dict(TRAIN_PRESETS[preset], weight_decay=0.1, grad_clip=1.0), args), preset=preset)
+    if args.patience is not None:
+        if args.patience < 0:
+            raise UserError("--patience must be 0 or more")
+        opt["patience"] = args.patience
     if model_cfg["n_embd"] % model_cfg["n_head"]:
         raise UserError(f"--n-embd {model_cfg['n_embd']} is not divisible by --n-head {model_cfg['n_head']}")
     return model_cfg, opt
@@ -265,7 +278,7 @@ def fit(step, optimizer, opt, train, block_size, device, gen, evaluate_and_save,
             dist.all_reduce(loss)
             loss /= processes
         if not torch.isfinite(loss):
-            kept = f"the checkpoint keeps iteration {history[-1]['iter']}" if history else "nothing was saved yet"
+            kept = f"the checkpoint keeps iteration {kept_evaluation(history, opt)['iter']}" if history else "nothing was saved yet"
             raise UserError(f"loss became {loss.item()} at iteration {it}; stopped ({kept}); "
                             "try a lower --learning-rate")
         torch.nn.utils.clip_grad_norm_(params, opt["grad_clip"])
@@ -284,6 +297,17 @@ def fit(step, optimizer, opt, train, block_size, device, gen, evaluate_and_save,
             evaluate_and_save(done, time.time() - t_start)
             if processes > 1:
                 dist.barrier()  # the next phase may read what rank 0 has just written
+            best = kept_evaluation(history, opt)
+            if opt.get("patience") and len(history) - 1 - history.index(best) >= opt["patience"]:
+                log(f"val has not improved for {opt['patience']} evaluations: stopped at iteration {done}; the "
+                    f"checkpoint keeps iteration {best['iter']} (val {best['val_loss']:.4f} nats/token)")
+                break
+
+
+def kept_evaluation(history, opt):
+    """The evaluation whose weights the checkpoint holds: with early stopping (a patience) the one of
+    the lowest val loss, the first of equals, since only a lower loss is saved; else the latest."""
+    return min(history, key=lambda h: h["val_loss"]) if opt.get("patience") else history[-1]
 
 
 @torch.no_grad()
@@ -569,7 +593,9 @@ def plan(args, kinds, device, dtype, text):
     sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {opts[kind]['max_iters']:,} iterations)"
                       for kind in kinds)
     seconds = flops / training_rate(target_cfg, opts["target"], device, dtype)
-    say(f"training {sizes}: about {format_duration(seconds)} here (a training step timed now)")
+    stops_early = any(opts[kind].get("patience") for kind in kinds)
+    say(f"training {sizes}: about {format_duration(seconds)} here (a training step timed now)"
+        + ("; less if val stops improving sooner" if stops_early else ""))
 
 
 def training_tokens(args, text, target_state):
@@ -673,7 +699,7 @@ def train_model(kind, args, text, device, dtype):
         state = load_checkpoint(ckpt_path, kind)
         tokenizer = Tokenizer(state["tokenizer"])
         model_cfg, opt = state["config"], state["train_settings"]
-        for name in ("max_iters", "grad_accum"):  # a run resumed longer, or on other hardware
+        for name in ("max_iters", "grad_accum", "patience"):  # a run resumed longer, or on other hardware
             if getattr(args, name) is not None:
                 opt[name] = getattr(args, name)
     else:
@@ -730,10 +756,11 @@ def train_model(kind, args, text, device, dtype):
     def evaluate_and_save(it, elapsed):
         val_loss = estimate_loss(step_model, val, opt, config.block_size, device)
         nats_per_char = val_loss / val.chars_per_token
+        improved = all(val_loss < h["val_loss"] for h in history)
         history.append(dict(iter=it, seconds=elapsed, val_loss=val_loss, val_nats_per_char=nats_per_char))
         say(f"eval {it}: val {val_loss:.4f} nats/token = {nats_per_char:.4f} nats/char "
             f"= {nats_per_char / math.log(2):.4f} bits/char ({format_duration(elapsed)})")
-        if RANK == 0:  # one process writes
+        if RANK == 0 and (improved or not opt.get("patience")):  # one process writes; stopping early, the best
             save_checkpoint(ckpt_path, model, tokenizer, kind=kind, optimizer=optimizer.state_dict(),
                             iter=it, rng=gen.get_state(), history=history, train_settings=opt,
                             data=os.path.abspath(args.data) if args.data else None)
@@ -743,9 +770,9 @@ def train_model(kind, args, text, device, dtype):
         start_iter=start_iter, log_interval=args.log_interval)
     if start_iter >= opt["max_iters"]:
         say(f"{ckpt_path} is already at iteration {start_iter}; raise --max-iters to train further")
-    say(f"saved {ckpt_path}")
-    last = history[-1]
-    return f"{ckpt_path}: val {last['val_loss']:.4f} nats/token = {last['val_nats_per_char']:.4f} nats/char"
+    kept = kept_evaluation(history, opt)
+    say(f"saved {ckpt_path} (iteration {kept['iter']})")
+    return f"{ckpt_path}: val {kept['val_loss']:.4f} nats/token = {kept['val_nats_per_char']:.4f} nats/char"
 
 
 if __name__ == "__main__":

@@ -178,6 +178,7 @@ def test_train_bad_input(tmp_path):
     (tmp_path / "short.txt").write_text("To be or not to be.")
     assert_one_line_error(train("--data", tmp_path / "short.txt", "--vocab-size", "256"), "too short")
     assert_one_line_error(train("--data", SHAKESPEARE, "--preset", "huge"), "unknown preset", "tiny")
+    assert_one_line_error(train("--data", SHAKESPEARE, "--patience", "-1"), "--patience")
     if not torch.cuda.is_available():
         assert_one_line_error(train("--data", SHAKESPEARE, "--device", "cuda"), "CUDA")
     assert not (tmp_path / "out" / "target.pt").exists()

@@ -82,6 +82,22 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert load_checkpoint(tmp_path / "target.pt")["iter"] == 10
 
 
+def test_training_stops_where_val_stops_improving_and_keeps_the_best(tmp_path, monkeypatch):
+    """With a patience of 2, two evaluations without a lower val loss end the run; the checkpoint holds
+    the best evaluation's weights (its iteration), and --resume goes on from there."""
+    scripted = iter([3.0, 2.5, 2.6, 2.5, 2.7, 2.2, 2.1])
+    monkeypatch.setattr(train, "estimate_loss", lambda *args: next(scripted))
+    train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path), "--max-iters", "20", "--eval-interval", "2",
+                       "--patience", "2"])
+    state = load_checkpoint(tmp_path / "target.pt")  # stopped after iteration 8
+    assert state["iter"] == 4 and [h["val_loss"] for h in state["history"]] == [3.0, 2.5]
+    assert int(state["optimizer"]["state"][0]["step"]) == 4  # the weights are iteration 4's too
+    train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path), "--max-iters", "10", "--eval-interval", "2",
+                       "--patience", "3", "--resume"])  # 2.7 at 6, then lower again at 8 and 10
+    state = load_checkpoint(tmp_path / "target.pt")
+    assert state["iter"] == 10 and [h["val_loss"] for h in state["history"]] == [3.0, 2.5, 2.7, 2.2, 2.1]
+
+
 def val_losses(out_dir):
     return [h["val_loss"] for h in load_checkpoint(out_dir / "target.pt")["history"]]
 
