@@ -69,7 +69,7 @@ def measured_costs(target, draft, batch_size=1):
 class DraftBatch:
     """The draft's KV cache for the rows of a batch, a row each, so that one draft forward serves
     every row that guesses: row by row, 16 rows paid 16 draft steps per guess (0.74 ms each on the
-    2-core machine of docs/2026-12-04-epyc-l.md, against 1.23 ms for one step of all 16)."""
+    2-core machine of docs/2026-12-05-epyc-l.md, against 1.23 ms for one step of all 16)."""
 
     def __init__(self, draft, members):
         self.draft, self.members = draft, list(members)  # members: the rows' proposers, in cache order
