@@ -171,8 +171,6 @@ def settings_from_args(args, kind, device):
             model_cfg[name] = getattr(args, name)
     opt = dict(override(dict(TRAIN_PRESETS[preset], weight_decay=0.1, grad_clip=1.0), args), preset=preset)
     if args.patience is not None:
-        if args.patience < 0:
-            raise UserError("--patience must be 0 or more")
         opt["patience"] = args.patience
     if model_cfg["n_embd"] % model_cfg["n_head"]:
         raise UserError(f"--n-embd {model_cfg['n_embd']} is not divisible by --n-head {model_cfg['n_head']}")
@@ -298,7 +296,12 @@ def fit(step, optimizer, opt, train, block_size, device, gen, evaluate_and_save,
             if processes > 1:
                 dist.barrier()  # the next phase may read what rank 0 has just written
             best = kept_evaluation(history, opt)
-            if opt.get("patience") and len(history) - 1 - history.index(best) >= opt["patience"]:
+            stop = bool(opt.get("patience")) and len(history) - 1 - history.index(best) >= opt["patience"]
+            if processes > 1:  # rank 0 decides for all: a process left behind would wait forever
+                decision = torch.tensor(int(stop), device=device)
+                dist.broadcast(decision, 0)
+                stop = bool(decision)
+            if stop:
                 log(f"val has not improved for {opt['patience']} evaluations: stopped at iteration {done}; the "
                     f"checkpoint keeps iteration {best['iter']} (val {best['val_loss']:.4f} nats/token)")
                 break
@@ -531,6 +534,8 @@ def main(argv=None):
         raise UserError(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
     if args.tokenizer == "bpe" and args.vocab_size < 256:
         raise UserError(f"--vocab-size must be at least 256 (one token per byte), got {args.vocab_size}")
+    if args.patience is not None and args.patience < 0:
+        raise UserError("--patience must be 0 or more")
     if args.target is not None and args.what not in ("draft", "medusa", "eagle"):
         raise UserError("--target names the model that --what draft, medusa or eagle trains for")
     text = read_text(args.data)
