@@ -643,9 +643,11 @@ class DistilledData(TokenData):
     Each position keeps the target's TEACHER_TOP likeliest next tokens, renormalised, predicted from
     at least half a window of text: the split is read in windows of block_size at strides of half a
     window, each kept from where the one before ended. batch() returns windows and, in place of the
-    tokens that follow, their positions, whose distributions the draft's loss reads (`probs`, `ids`)."""
+    tokens that follow, their positions, whose distributions the draft's loss reads (`probs`, `ids`).
+    share=(k, n): only every n-th batch of windows from the k-th is read, the other positions left
+    zero, so that n processes can split the work and sum their shares (`merge`)."""
 
-    def __init__(self, split, teacher, block_size, batch_size, device):
+    def __init__(self, split, teacher, block_size, batch_size, device, share=(0, 1)):
         self.tokens, self.chars_per_token, self.name = split.tokens, split.chars_per_token, split.name
         n, half = len(self.tokens), block_size // 2
         self.probs = torch.zeros(n, TEACHER_TOP, dtype=torch.float16, device=device)
@@ -653,19 +655,23 @@ class DistilledData(TokenData):
         starts = list(range(0, n - block_size + 1, half))
         if starts[-1] != n - block_size:  # the split's last tokens
             starts.append(n - block_size)
-        covered = 0
+        kept_from = [0] + [start + block_size for start in starts[:-1]]  # where the window before ended
+        part, parts = share
         with torch.no_grad():
-            for i in range(0, len(starts), batch_size):
+            for i in range(part * batch_size, len(starts), parts * batch_size):
                 group = torch.tensor(starts[i:i + batch_size])
                 with autocast_for(device):
                     logits = teacher(self.tokens[group[:, None] + torch.arange(block_size)].to(device))
                 probs, ids = torch.softmax(logits.float(), -1).topk(TEACHER_TOP, dim=-1)  # (B, T, top)
                 probs /= probs.sum(-1, keepdim=True)
-                for row, start in enumerate(group.tolist()):
-                    kept = slice(covered - start, block_size)
-                    self.probs[covered:start + block_size] = probs[row, kept]
-                    self.ids[covered:start + block_size] = ids[row, kept]
-                    covered = start + block_size
+                for row, (start, begin) in enumerate(zip(starts[i:i + batch_size], kept_from[i:i + batch_size])):
+                    self.probs[begin:start + block_size] = probs[row, begin - start:]
+                    self.ids[begin:start + block_size] = ids[row, begin - start:]
+
+    def merge(self):
+        """Sum the processes' shares: each position was read by one of them, the others hold zeros."""
+        dist.all_reduce(self.probs)
+        dist.all_reduce(self.ids)
 
     def batch(self, batch_size, block_size, generator=None, device="cpu"):
         positions = self.positions(batch_size, block_size, generator)
@@ -747,7 +753,10 @@ def train_model(kind, args, text, device, dtype):
     if distilled:
         started = time.time()
         teacher = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)[0]
-        train = DistilledData(train, teacher, config.block_size, opt["batch_size"], device)
+        processes = dist.get_world_size() if dist.is_initialized() else 1
+        train = DistilledData(train, teacher, config.block_size, opt["batch_size"], device, share=(RANK, processes))
+        if processes > 1:
+            train.merge()
         say(f"distilling from the target: its distributions over the training split took "
             f"{format_duration(time.time() - started)}; the loss is the cross-entropy to them")
 

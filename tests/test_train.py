@@ -98,8 +98,8 @@ def test_training_stops_where_val_stops_improving_and_keeps_the_best(tmp_path, m
     assert state["iter"] == 10 and [h["val_loss"] for h in state["history"]] == [3.0, 2.5, 2.7, 2.2, 2.1]
 
 
-def val_losses(out_dir):
-    return [h["val_loss"] for h in load_checkpoint(out_dir / "target.pt")["history"]]
+def val_losses(out_dir, kind="target"):
+    return [h["val_loss"] for h in load_checkpoint(out_dir / f"{kind}.pt", kind)["history"]]
 
 
 def test_micro_batches_take_the_steps_of_the_whole_batch(tmp_path):
@@ -134,6 +134,18 @@ def test_two_processes_take_the_steps_of_one(tmp_path):
     assert log.count("eval 20:") == 1  # only rank 0 speaks
     train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path / "one"), "--max-iters", "20", "--eval-interval", "10"])
     assert val_losses(tmp_path / "ddp") == pytest.approx(val_losses(tmp_path / "one"), abs=1e-5)
+
+
+@needs_torchrun
+def test_two_processes_distil_the_draft_as_one_does(tmp_path, tiny_checkpoint):
+    """Each process reads half of the target's distributions over the split; summed, they are the whole."""
+    args = ["--what", "draft", "--target", str(tiny_checkpoint / "target.pt"), "--max-iters", "4",
+            "--eval-interval", "2"]
+    run = torchrun(tmp_path / "ddp", *args)
+    log, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, log
+    train.main(TINY + ["--out-dir", str(tmp_path / "one"), *args])
+    assert val_losses(tmp_path / "ddp", "draft") == pytest.approx(val_losses(tmp_path / "one", "draft"), abs=1e-5)
 
 
 def rank_pid(parent, rank):
@@ -188,3 +200,8 @@ def test_a_draft_distils_from_the_targets_top_tokens_each_seen_after_half_a_wind
         torch.testing.assert_close(data.probs[position].double(), probs, atol=1e-3, rtol=0)
     x, positions = data.batch(4, block_size, torch.Generator().manual_seed(1))
     assert torch.equal(x, tokens[positions]) and positions.shape == (4, block_size)
+    # two processes' shares (each every other batch of windows) sum to the whole
+    shares = [train.DistilledData(TokenData(tokens.numpy(), 200, "train"), teacher, block_size, batch_size=3,
+                                  device="cpu", share=(k, 2)) for k in range(2)]
+    assert torch.equal(shares[0].ids + shares[1].ids, data.ids) and torch.equal(shares[0].probs + shares[1].probs, data.probs)
+    assert shares[0].ids.any() and shares[1].ids.any()
