@@ -395,9 +395,17 @@ def train_heads(target, tokenizer, train, val, out_path, opt, n_heads=4, tied=Fa
 
     lm_before = evaluate()[0] if joint else None
 
+    if not joint:  # the frozen target's features are the same at every visit of a window
+        train = TargetFeatures.shared(train, target, block_size, opt["batch_size"], device, log)
+        following = train.tokens[1:].to(device)  # following[p]: the token after position p
+
     def step_loss(x, y):
-        with torch.set_grad_enabled(joint):
+        if joint:
             logits, hidden = target(x, return_hidden=True)  # (B, T, V), (B, T, C)
+        else:  # y: the positions of x's tokens
+            hidden, y = train.features[y], following[y]
+            with torch.no_grad():
+                logits = target.lm_head(hidden) if distill else None
         labels = torch.softmax(logits.detach().float(), -1) if distill else y  # (B, T, V) or (B, T)
         loss = heads_loss(head_losses(heads(hidden), labels))
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) + LAMBDA0 * loss if joint else loss
@@ -498,10 +506,12 @@ def train_eagle(target, tokenizer, train, val, out_path, opt, device="cpu", seed
         f"{sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
         f"{opt['max_iters']} iterations of {opt['batch_size']} x {block_size} tokens")
     noise = torch.Generator(device).manual_seed(seed)
+    train = TargetFeatures.shared(train, target, block_size, opt["batch_size"], device, log)
 
-    def step_loss(x, y):
+    def step_loss(x, positions):
+        features = train.features[positions]  # (B, T, C)
         with torch.no_grad():
-            logits, features = target(x, return_hidden=True)
+            logits = target.lm_head(features)  # (B, T, V)
         return eagle_loss(*eagle_losses(head, features, logits, x, noise))
 
     history, result = [], {}
@@ -582,18 +592,24 @@ def plan(args, kinds, device, dtype, text):
                       eagle=sum(p.numel() for p in EagleHead(target).parameters()))
     opts = dict(target=target_opt, draft=draft_opt,
                 medusa=override(HEADS_TRAINING, args), eagle=override(EAGLE_TRAINING, args))
-    # per token: (parameters whose products run forward and backward, those that run forward only)
-    arithmetic = dict(target=(n_target, 0), draft=(params["draft"], 0),
-                      medusa=(params["medusa"] + n_target * args.medusa_joint, n_target * (not args.medusa_joint)),
-                      eagle=(params["eagle"] + target.lm_head.weight.numel(), n_target))  # back through lm_head
+    lm_head = target.lm_head.weight.numel()
+    # per token: (parameters whose products run forward and backward, those that run forward only
+    # in a training step and in an evaluation); the EAGLE head trains back through the lm_head, whose
+    # forward also gives the target's logits from its cached features
+    arithmetic = dict(target=(n_target, 0, 0), draft=(params["draft"], 0, 0),
+                      medusa=(params["medusa"] + n_target * args.medusa_joint, 0, n_target * (not args.medusa_joint)),
+                      eagle=(params["eagle"] + lm_head, lm_head, n_target))
+    # the target's outputs over the training split that a phase reads, computed first
+    target_outputs = dict(target=None, draft=DistilledData if args.distill else None,
+                          medusa=None if args.medusa_joint else TargetFeatures, eagle=TargetFeatures)
     flops = 0.0
     for kind in kinds:
-        opt, (both, forward) = opts[kind], arithmetic[kind]
+        opt, (both, forward, eval_forward) = opts[kind], arithmetic[kind]
         evals = math.ceil(opt["max_iters"] / opt["eval_interval"]) * opt["eval_iters"]
         tokens = opt["batch_size"] * (draft_cfg if kind == "draft" else target_cfg)["block_size"]
-        flops += tokens * (opt["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + forward))
-    if "draft" in kinds and args.distill:  # the target's pass over the training split, at half-window strides
-        flops += 2 * training_tokens(args, text, saved) * 2 * n_target
+        flops += tokens * (opt["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + eval_forward))
+        if target_outputs[kind]:  # a window every stride x block_size tokens
+            flops += training_tokens(args, text, saved) / target_outputs[kind].stride * 2 * n_target
     names = dict(target="the target", draft="the draft", medusa="the Medusa heads", eagle="the EAGLE head")
     sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {opts[kind]['max_iters']:,} iterations)"
                       for kind in kinds)
@@ -636,23 +652,27 @@ def match_target_context(args, draft_cfg, target_cfg):
         draft_cfg["block_size"] = target_cfg["block_size"]
 
 
-class DistilledData(TokenData):
-    """The training split with the target's next-token distributions computed once, for a draft to
-    distil: run on every batch instead, the target took four fifths of the draft's training time
-    (docs/2026-12-04-epyc-k.md, with the draft's acceptance either way).
-    Each position keeps the target's TEACHER_TOP likeliest next tokens, renormalised, predicted from
-    at least half a window of text: the split is read in windows of block_size at strides of half a
-    window, each kept from where the one before ended. batch() returns windows and, in place of the
-    tokens that follow, their positions, whose distributions the draft's loss reads (`probs`, `ids`).
+class TargetOutputs(TokenData):
+    """The training split with the frozen target's outputs computed once, for a model that learns
+    from them: run on every batch instead, the target took four fifths of the draft's training time
+    (docs/2026-12-04-epyc-k.md, with the draft's acceptance either way). The split is read in
+    windows of block_size, one every stride x block_size tokens (the last ending with the split),
+    each kept from where the one before ended: at a stride of 1/2 each position is read after at
+    least half a window of text; at 1, after 0 to block_size - 1 tokens, as in random windows.
+    batch() returns windows and, in place of the tokens that follow, their positions, whose outputs
+    the loss reads. A subclass says what it keeps of each position: `fields(target)`, name ->
+    (size, dtype), each kept as an attribute (len(split), size), and `keep(logits, hidden)`, their
+    values over a batch of windows.
     share=(k, n): only every n-th batch of windows from the k-th is read, the other positions left
     zero, so that n processes can split the work and sum their shares (`merge`)."""
 
-    def __init__(self, split, teacher, block_size, batch_size, device, share=(0, 1)):
+    def __init__(self, split, target, block_size, batch_size, device, share=(0, 1)):
         self.tokens, self.chars_per_token, self.name = split.tokens, split.chars_per_token, split.name
-        n, half = len(self.tokens), block_size // 2
-        self.probs = torch.zeros(n, TEACHER_TOP, dtype=torch.float16, device=device)
-        self.ids = torch.zeros(n, TEACHER_TOP, dtype=torch.int32, device=device)
-        starts = list(range(0, n - block_size + 1, half))
+        n = len(self.tokens)
+        self.kept = self.fields(target)
+        for name, (size, dtype) in self.kept.items():
+            setattr(self, name, torch.zeros(n, size, dtype=dtype, device=device))
+        starts = list(range(0, n - block_size + 1, max(1, int(block_size * self.stride))))
         if starts[-1] != n - block_size:  # the split's last tokens
             starts.append(n - block_size)
         kept_from = [0] + [start + block_size for start in starts[:-1]]  # where the window before ended
@@ -661,21 +681,60 @@ class DistilledData(TokenData):
             for i in range(part * batch_size, len(starts), parts * batch_size):
                 group = torch.tensor(starts[i:i + batch_size])
                 with autocast_for(device):
-                    logits = teacher(self.tokens[group[:, None] + torch.arange(block_size)].to(device))
-                probs, ids = torch.softmax(logits.float(), -1).topk(TEACHER_TOP, dim=-1)  # (B, T, top)
-                probs /= probs.sum(-1, keepdim=True)
-                for row, (start, begin) in enumerate(zip(starts[i:i + batch_size], kept_from[i:i + batch_size])):
-                    self.probs[begin:start + block_size] = probs[row, begin - start:]
-                    self.ids[begin:start + block_size] = ids[row, begin - start:]
+                    logits, hidden = target(self.tokens[group[:, None] + torch.arange(block_size)].to(device),
+                                            return_hidden=True)
+                for name, values in self.keep(logits, hidden).items():  # (B, T, size)
+                    outputs = getattr(self, name)
+                    for row, (start, begin) in enumerate(zip(starts[i:i + batch_size], kept_from[i:i + batch_size])):
+                        outputs[begin:start + block_size] = values[row, begin - start:]
+
+    @classmethod
+    def shared(cls, split, target, block_size, batch_size, device, log=say):
+        """The outputs over the split, each of torchrun's processes computing its share."""
+        started = time.time()
+        processes = dist.get_world_size() if dist.is_initialized() else 1
+        data = cls(split, target, block_size, batch_size, device, share=(RANK, processes))
+        if processes > 1:
+            data.merge()
+        log(f"the target's {cls.what} over the {split.name} split, computed once: "
+            f"{format_duration(time.time() - started)}")
+        return data
 
     def merge(self):
         """Sum the processes' shares: each position was read by one of them, the others hold zeros."""
-        dist.all_reduce(self.probs)
-        dist.all_reduce(self.ids)
+        for name in self.kept:
+            dist.all_reduce(getattr(self, name))
 
     def batch(self, batch_size, block_size, generator=None, device="cpu"):
         positions = self.positions(batch_size, block_size, generator)
         return self.tokens[positions].to(device), positions.to(device)
+
+
+class DistilledData(TargetOutputs):
+    """For a draft to distil: each position keeps the target's TEACHER_TOP likeliest next tokens
+    (`ids`) and their probabilities, renormalised (`probs`)."""
+    what = "next-token distributions"
+    stride = 1 / 2
+
+    def fields(self, target):
+        return dict(probs=(TEACHER_TOP, torch.float16), ids=(TEACHER_TOP, torch.int32))
+
+    def keep(self, logits, hidden):
+        probs, ids = torch.softmax(logits.float(), -1).topk(TEACHER_TOP, dim=-1)  # (B, T, top)
+        return dict(probs=probs / probs.sum(-1, keepdim=True), ids=ids)
+
+
+class TargetFeatures(TargetOutputs):
+    """For heads on the frozen target (Medusa-1, EAGLE): each position keeps the target's final
+    hidden state (`features`, after ln_f); its logits are `target.lm_head(features)`."""
+    what = "features"
+    stride = 1
+
+    def fields(self, target):
+        return dict(features=(target.config.n_embd, target.lm_head.weight.dtype))
+
+    def keep(self, logits, hidden):
+        return dict(features=hidden)
 
 
 def train_on_target(kind, args, text, device, dtype):
@@ -751,14 +810,8 @@ def train_model(kind, args, text, device, dtype):
     step_model = torch.compile(model) if args.compile else model
     distilled = kind == "draft" and args.distill
     if distilled:
-        started = time.time()
         teacher = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)[0]
-        processes = dist.get_world_size() if dist.is_initialized() else 1
-        train = DistilledData(train, teacher, config.block_size, opt["batch_size"], device, share=(RANK, processes))
-        if processes > 1:
-            train.merge()
-        say(f"distilling from the target: its distributions over the training split took "
-            f"{format_duration(time.time() - started)}; the loss is the cross-entropy to them")
+        train = DistilledData.shared(train, teacher, config.block_size, opt["batch_size"], device)
 
     def step_loss(x, y):
         logits = step_model(x)

@@ -179,25 +179,26 @@ def test_a_killed_rank_leaves_a_checkpoint_that_resumes_in_one_process(tmp_path)
     assert load_checkpoint(tmp_path / "target.pt")["iter"] == saved + 10
 
 
-def test_a_draft_distils_from_the_targets_top_tokens_each_seen_after_half_a_window():
+def test_the_targets_outputs_are_computed_once_each_position_seen_after_half_a_window():
     from data import TokenData
     from tests.conftest import tiny_model
     teacher, block_size = tiny_model(), 16  # vocabulary 64, context 32
     tokens = torch.randint(64, (101,), generator=torch.Generator().manual_seed(0))
-    data = train.DistilledData(TokenData(tokens.numpy(), 200, "train"), teacher, block_size, batch_size=3,
-                               device="cpu")
+    split = TokenData(tokens.numpy(), 200, "train")
+    data = train.DistilledData(split, teacher, block_size, batch_size=3, device="cpu")
+    features = train.TargetFeatures(split, teacher, block_size, batch_size=3, device="cpu").features
 
-    def expected(position, start):  # the target's top tokens at `position`, reading from `start`
-        probs = torch.softmax(teacher(tokens[None, start:position + 1])[0, -1], -1)
-        top, ids = probs.topk(train.TEACHER_TOP)
-        return top / top.sum(), ids
-
-    # windows start every 8 tokens and the last at 85; each position is read from at least 8 tokens
-    # back, or from the start of the split
-    for position, start in [(0, 0), (7, 0), (15, 0), (16, 8), (23, 8), (24, 16), (95, 80), (96, 85), (100, 85)]:
-        probs, ids = expected(position, start)
+    # the draft's distributions: windows of 16 start every 8 tokens, so that each position is read
+    # after at least 8 tokens, or from the split's start; the heads' features: every 16 tokens, as
+    # random windows read them; the last window of each ends with the split, at 85
+    for position, distilled_from, features_from in [(0, 0, 0), (7, 0, 0), (15, 0, 0), (16, 8, 16), (23, 8, 16),
+                                                    (24, 16, 16), (95, 80, 80), (96, 85, 85), (100, 85, 85)]:
+        logits = teacher(tokens[None, distilled_from:position + 1])
+        top, ids = torch.softmax(logits[0, -1], -1).topk(train.TEACHER_TOP)
         assert torch.equal(data.ids[position], ids.int())
-        torch.testing.assert_close(data.probs[position].double(), probs, atol=1e-3, rtol=0)
+        torch.testing.assert_close(data.probs[position].double(), top / top.sum(), atol=1e-3, rtol=0)
+        hidden = teacher(tokens[None, features_from:position + 1], return_hidden=True)[1]
+        torch.testing.assert_close(features[position], hidden[0, -1])
     x, positions = data.batch(4, block_size, torch.Generator().manual_seed(1))
     assert torch.equal(x, tokens[positions]) and positions.shape == (4, block_size)
     # two processes' shares (each every other batch of windows) sum to the whole
