@@ -179,7 +179,7 @@ def test_a_killed_rank_leaves_a_checkpoint_that_resumes_in_one_process(tmp_path)
     assert load_checkpoint(tmp_path / "target.pt")["iter"] == saved + 10
 
 
-def test_the_targets_outputs_are_computed_once_each_position_seen_after_half_a_window():
+def test_the_targets_outputs_are_computed_once_over_windows_at_their_stride():
     from data import TokenData
     from tests.conftest import tiny_model
     teacher, block_size = tiny_model(), 16  # vocabulary 64, context 32
