@@ -202,7 +202,6 @@ def test_the_targets_outputs_are_computed_once_over_windows_at_their_stride():
     x, positions = data.batch(4, block_size, torch.Generator().manual_seed(1))
     assert torch.equal(x, tokens[positions]) and positions.shape == (4, block_size)
     # two processes' shares (each every other batch of windows) sum to the whole
-    shares = [train.DistilledData(TokenData(tokens.numpy(), 200, "train"), teacher, block_size, batch_size=3,
-                                  device="cpu", share=(k, 2)) for k in range(2)]
+    shares = [train.DistilledData(split, teacher, block_size, batch_size=3, device="cpu", share=(k, 2)) for k in range(2)]
     assert torch.equal(shares[0].ids + shares[1].ids, data.ids) and torch.equal(shares[0].probs + shares[1].probs, data.probs)
     assert shares[0].ids.any() and shares[1].ids.any()
