@@ -91,7 +91,8 @@ def test_training_stops_where_val_stops_improving_and_keeps_the_best(tmp_path, m
                        "--patience", "2"])
     state = load_checkpoint(tmp_path / "target.pt")  # stopped after iteration 8
     assert state["iter"] == 4 and [h["val_loss"] for h in state["history"]] == [3.0, 2.5]
-    assert int(state["optimizer"]["state"][0]["step"]) == 4  # the weights are iteration 4's too
+    adam = state["optimizer"]["optimizers"][1]  # Muon's matrices, then AdamW's other parameters
+    assert int(adam["state"][0]["step"]) == 4  # the weights are iteration 4's too
     train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path), "--max-iters", "10", "--eval-interval", "2",
                        "--patience", "3", "--resume"])  # 2.7 at 6, then lower again at 8 and 10
     state = load_checkpoint(tmp_path / "target.pt")
@@ -205,3 +206,44 @@ def test_the_targets_outputs_are_computed_once_over_windows_at_their_stride():
     shares = [train.DistilledData(split, teacher, block_size, batch_size=3, device="cpu", share=(k, 2)) for k in range(2)]
     assert torch.equal(shares[0].ids + shares[1].ids, data.ids) and torch.equal(shares[0].probs + shares[1].probs, data.probs)
     assert shares[0].ids.any() and shares[1].ids.any()
+
+
+def test_orthogonalise_brings_every_singular_value_near_one():
+    generator = torch.Generator().manual_seed(0)
+    for shape in [(96, 32), (32, 32), (32, 128)]:
+        update = torch.randn(shape, generator=generator) * 1e-3
+        singular_values = torch.linalg.svdvals(train.orthogonalise(update))
+        assert update.shape == train.orthogonalise(update).shape
+        assert 0.65 < singular_values.min() and singular_values.max() < 1.25
+
+
+def test_muon_takes_torch_muons_steps_up_to_its_bfloat16():
+    """torch.optim.Muon with the AdamW-matched scale is the reference; it orthogonalises in bfloat16,
+    two or three significant digits."""
+    generator = torch.Generator().manual_seed(0)
+    for shape in [(96, 32), (32, 128)]:
+        start = torch.randn(shape, generator=generator, dtype=torch.float64)
+        ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+        optimizers = [train.Muon([ours], lr=1e-2, weight_decay=0.1),
+                      torch.optim.Muon([theirs], lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")]
+        for _ in range(3):
+            grad = torch.randn(shape, generator=generator, dtype=torch.float64)
+            for p, optimizer in zip((ours, theirs), optimizers):
+                p.grad = grad.clone()
+                optimizer.step()
+        assert (ours - theirs).abs().max() < 0.03 * (theirs - start).abs().max()
+
+
+def test_muon_moves_the_linear_layers_matrices_and_adamw_the_rest(tmp_path):
+    from tests.conftest import tiny_model
+    model = tiny_model()
+    muon, adam = train.make_optimizer(model, dict(optimizer="muon", learning_rate=1e-3, weight_decay=0.1)).optimizers
+    moved_by_muon = {id(p) for group in muon.param_groups for p in group["params"]}
+    names = {id(p): name for name, p in model.named_parameters()}
+    assert sorted(names[i] for i in moved_by_muon) == sorted(
+        name for name, p in model.named_parameters() if name.startswith("transformer.h.") and p.dim() == 2)
+    assert {id(p) for group in adam.param_groups for p in group["params"]}.isdisjoint(moved_by_muon)
+    assert len(moved_by_muon) + sum(len(group["params"]) for group in adam.param_groups) == len(names)
+    train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path), "--max-iters", "4", "--eval-interval", "2",
+                       "--optimizer", "adamw"])
+    assert "optimizers" not in load_checkpoint(tmp_path / "target.pt")["optimizer"]
