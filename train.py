@@ -62,11 +62,12 @@ from model.tokenizer import Tokenizer
 # patience: evaluations without a lower val loss after which training stops (0: never stops early).
 # optimizer: adamw unless said. Muon for the cpu target: val 1.4893 nats/char after 1,200 iterations
 # against 1.5136 with AdamW alone, each step 12-18% slower on 2 cores (docs/2026-12-05-epyc-n.md);
-# the tiny preset, the tests', takes the same path.
+# the tiny preset, the tests', takes the same path. The cpu target's 1,000 iterations end at 1.4992,
+# six minutes sooner on 2 cores: past 1,000 the 1,200-iteration run gained 0.008 (docs/2026-12-05-epyc-o.md).
 TRAIN_PRESETS = {
     "tiny": dict(batch_size=8, max_iters=200, learning_rate=1e-3, warmup_iters=20,
                  eval_interval=100, eval_iters=4, patience=0, optimizer="muon"),
-    "cpu": dict(batch_size=32, max_iters=1200, learning_rate=2e-3, warmup_iters=100,
+    "cpu": dict(batch_size=32, max_iters=1000, learning_rate=2e-3, warmup_iters=100,
                 eval_interval=100, eval_iters=20, patience=2, optimizer="muon"),
     "gpu": dict(batch_size=64, max_iters=5000, learning_rate=1e-3, warmup_iters=100,
                 eval_interval=250, eval_iters=200, patience=2),
@@ -77,11 +78,11 @@ TRAIN_PRESETS = {
 # after 400 iterations); one evaluation, at the end, which also measures the accuracies.
 HEADS_TRAINING = dict(batch_size=16, max_iters=1000, learning_rate=3e-3, warmup_iters=50,
                       eval_interval=1000, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
-# The EAGLE head's settings: 3,000 iterations (about 4 min per 1,000 on 2 cores) reached a top-1
-# agreement with the default target of 0.648 at depth 1, against 0.605 after 1,000; a token-loss
-# weight of 1 instead of the paper's 0.1 gained at depth 1 (0.623) and lost deeper (0.576 against
-# 0.590 at depth 2, after 1,000).
-EAGLE_TRAINING = dict(batch_size=16, max_iters=3000, learning_rate=3e-3, warmup_iters=50,
+# The EAGLE head's settings: 2,000 iterations (about 4 min per 1,000 on 2 cores) reached a top-1
+# agreement with the default target of 0.720 at depth 1, where 3,000 reached 0.718 on the target
+# trained 1,200 iterations (docs/2026-12-05-epyc-o.md); a token-loss weight of 1 instead of the
+# paper's 0.1 gained at depth 1 (0.623) and lost deeper (0.576 against 0.590 at depth 2, after 1,000).
+EAGLE_TRAINING = dict(batch_size=16, max_iters=2000, learning_rate=3e-3, warmup_iters=50,
                       eval_interval=1000, eval_iters=20, weight_decay=0.0, grad_clip=1.0)
 LAMBDA0 = 0.2             # Medusa-2: weight of the heads' loss next to the target's own
 BACKBONE_LR_SCALE = 0.25  # Medusa-2: the target learns 4x slower than the heads
@@ -653,11 +654,14 @@ def main(argv=None):
     kinds = ["target", "draft", "medusa", "eagle"] if args.what == "all" else [args.what]
     if RANK == 0 and not any(os.path.exists(checkpoint_path(args.out_dir, kind)) for kind in kinds):
         plan(args, kinds, device, dtype, text)  # a fresh run: a resumed one shows each phase's ETA as it goes
+    frozen = {}  # the target and its features, shared by the phases that train on it
     try:
         for kind in kinds:
             started = time.time()
-            train_phase = train_on_target if kind in ("medusa", "eagle") else train_model
-            result = train_phase(kind, args, text, device, dtype)
+            if kind in ("medusa", "eagle"):
+                result = train_on_target(kind, args, text, device, dtype, frozen)
+            else:
+                result = train_model(kind, args, text, device, dtype)
             summary.append(f"{kind} {result} ({format_duration(time.time() - started)})")
     finally:
         if dist.is_initialized():
@@ -710,8 +714,10 @@ def plan(args, kinds, device, dtype, text):
         flops += tokens * (opt["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + eval_forward))
         if opt.get("optimizer") == "muon":
             flops += opt["max_iters"] * orthogonalisation_flops(dict(target=target, draft=draft)[kind])
-        if target_outputs[kind]:  # a window every stride x block_size tokens
-            flops += training_tokens(args, text, saved) / target_outputs[kind].stride * 2 * n_target
+    # each pass over the training split computed once, for every phase that reads it: a window every
+    # stride x block_size tokens
+    for outputs in {target_outputs[kind] for kind in kinds} - {None}:
+        flops += training_tokens(args, text, saved) / outputs.stride * 2 * n_target
     names = dict(target="the target", draft="the draft", medusa="the Medusa heads", eagle="the EAGLE head")
     sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {opts[kind]['max_iters']:,} iterations)"
                       for kind in kinds)
@@ -792,7 +798,10 @@ class TargetOutputs(TokenData):
 
     @classmethod
     def shared(cls, split, target, block_size, batch_size, device, log=say):
-        """The outputs over the split, each of torchrun's processes computing its share."""
+        """The outputs over the split, each of torchrun's processes computing its share; a split that
+        already holds them (an earlier phase's, on the same target) is returned as it is."""
+        if isinstance(split, cls):
+            return split
         started = time.time()
         processes = dist.get_world_size() if dist.is_initialized() else 1
         data = cls(split, target, block_size, batch_size, device, share=(RANK, processes))
@@ -839,24 +848,34 @@ class TargetFeatures(TargetOutputs):
         return dict(features=hidden)
 
 
-def train_on_target(kind, args, text, device, dtype):
+def train_on_target(kind, args, text, device, dtype, frozen):
     """Train OUT_DIR/medusa.pt or OUT_DIR/eagle.pt on the frozen target (OUT_DIR/target.pt or
-    --target); Medusa heads also jointly with it. Returns a line for the summary."""
+    --target); Medusa heads also jointly with it. Returns a line for the summary.
+
+    frozen: what the phases of one run share, filled by the first: the target, loaded once, and its
+    features over the train split, computed once (about 1m10s a pass on 2 cores,
+    docs/2026-12-05-epyc-o.md). Medusa-2 trains the target, so a run with it shares nothing."""
     out_path = checkpoint_path(args.out_dir, kind)
     if os.path.exists(out_path) and not args.resume:
         raise UserError(f"{out_path} exists: remove it or use another --out-dir")
     if os.path.exists(out_path):
         say(f"{out_path} exists; {kind} heads are trained in one go, so there is nothing to resume")
         return f"{out_path} kept"
-    target, tokenizer, _ = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)
-    train_text, val_text = split_text(text)
-    train = TokenData(tokenizer.encode(train_text), len(train_text), "train")
-    val = TokenData(tokenizer.encode(val_text), len(val_text), "val")
+    if not frozen or args.medusa_joint:
+        target, tokenizer, _ = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)
+        train_text, val_text = split_text(text)
+        frozen.update(target=target, tokenizer=tokenizer, val=TokenData(tokenizer.encode(val_text), len(val_text), "val"),
+                      train=TokenData(tokenizer.encode(train_text), len(train_text), "train"))
+    target, tokenizer, train, val = (frozen[name] for name in ("target", "tokenizer", "train", "val"))
+    opt = override(EAGLE_TRAINING if kind == "eagle" else HEADS_TRAINING, args)
+    if kind == "eagle" or not args.medusa_joint:
+        train = frozen["train"] = TargetFeatures.shared(train, target, target.config.block_size, opt["batch_size"],
+                                                        device)
     if kind == "eagle":
-        accuracies = train_eagle(target, tokenizer, train, val, out_path, override(EAGLE_TRAINING, args),
+        accuracies = train_eagle(target, tokenizer, train, val, out_path, opt,
                                  device=device, seed=args.seed, log_interval=args.log_interval)
         return f"{out_path}: top-1 agreement with the target {accuracies[0]:.3f} at depth 1"
-    accuracies = train_heads(target, tokenizer, train, val, out_path, override(HEADS_TRAINING, args),
+    accuracies = train_heads(target, tokenizer, train, val, out_path, opt,
                              n_heads=args.medusa_heads, tied=args.medusa_tied, joint=args.medusa_joint,
                              tree_size=args.tree_size, device=device, seed=args.seed, log_interval=args.log_interval)
     return f"{out_path}: head 0 top-1 {accuracies[0][0]:.3f}"

@@ -36,11 +36,23 @@ def test_resume_continues_where_it_stopped(tmp_path):
 
 def test_a_fresh_run_first_says_what_it_will_train_and_for_about_how_long(tmp_path, capsys):
     train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "4", "--eval-interval", "4"])
-    first = capsys.readouterr().out.splitlines()[0]
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
     assert re.fullmatch(r"training the target \(0\.\d\dM parameters, 4 iterations\), the draft \(.*\), "
                         r"the Medusa heads \(.*\), the EAGLE head \(.*\): about \d+m\d\ds here .*", first)
+    assert out.count("the target's features over the train split, computed once") == 1  # for both heads' phases
     train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "6", "--eval-interval", "2", "--resume"])
     assert "about" not in capsys.readouterr().out  # a resumed run shows each phase's ETA instead
+
+
+def test_the_medusa_and_eagle_phases_of_a_run_share_one_pass_over_the_targets_features(tmp_path, tiny_checkpoint,
+                                                                                      capsys):
+    # the fixture's whole run computed them in its Medusa phase; EAGLE trained alone computes its own
+    train.main(TINY + ["--what", "eagle", "--target", str(tiny_checkpoint / "target.pt"), "--out-dir", str(tmp_path),
+                       "--max-iters", "30", "--eval-interval", "15"])
+    assert capsys.readouterr().out.count("the target's features over the train split, computed once") == 1
+    alone, shared = (load_checkpoint(path / "eagle.pt", kind="eagle")["model"] for path in (tmp_path, tiny_checkpoint))
+    assert all(torch.equal(alone[name], shared[name]) for name in shared)
 
 
 def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
