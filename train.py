@@ -714,10 +714,9 @@ def plan(args, kinds, device, dtype, text):
         flops += tokens * (opt["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + eval_forward))
         if opt.get("optimizer") == "muon":
             flops += opt["max_iters"] * orthogonalisation_flops(dict(target=target, draft=draft)[kind])
-    # each pass over the training split computed once, for every phase that reads it: a window every
-    # stride x block_size tokens
+    # each pass over the training split computed once, for every phase that reads it
     for outputs in {target_outputs[kind] for kind in kinds} - {None}:
-        flops += training_tokens(args, text, saved) / outputs.stride * 2 * n_target
+        flops += training_tokens(args, text, saved) * 2 * n_target
     names = dict(target="the target", draft="the draft", medusa="the Medusa heads", eagle="the EAGLE head")
     sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {opts[kind]['max_iters']:,} iterations)"
                       for kind in kinds)
@@ -764,9 +763,10 @@ class TargetOutputs(TokenData):
     """The training split with the frozen target's outputs computed once, for a model that learns
     from them: run on every batch instead, the target took four fifths of the draft's training time
     (docs/2026-12-04-epyc-k.md, with the draft's acceptance either way). The split is read in
-    windows of block_size, one every stride x block_size tokens (the last ending with the split),
-    each kept from where the one before ended: at a stride of 1/2 each position is read after at
-    least half a window of text; at 1, after 0 to block_size - 1 tokens, as in random windows.
+    windows of block_size, back to back (the last ends with the split, kept from where the one
+    before ended), so each position is read after 0 to block_size - 1 tokens, as random windows read
+    it. Windows overlapping by half, each position read after at least half a window, cost the
+    draft's pass twice the time for the same acceptance (docs/2026-12-05-epyc-o.md).
     batch() returns windows and, in place of the tokens that follow, their positions, whose outputs
     the loss reads. A subclass says what it keeps of each position: `fields(target)`, name ->
     (size, dtype), each kept as an attribute (len(split), size), and `keep(logits, hidden)`, their
@@ -780,7 +780,7 @@ class TargetOutputs(TokenData):
         self.kept = self.fields(target)
         for name, (size, dtype) in self.kept.items():
             setattr(self, name, torch.zeros(n, size, dtype=dtype, device=device))
-        starts = list(range(0, n - block_size + 1, max(1, int(block_size * self.stride))))
+        starts = list(range(0, n - block_size + 1, block_size))
         if starts[-1] != n - block_size:  # the split's last tokens
             starts.append(n - block_size)
         kept_from = [0] + [start + block_size for start in starts[:-1]]  # where the window before ended
@@ -825,7 +825,6 @@ class DistilledData(TargetOutputs):
     """For a draft to distil: each position keeps the target's TEACHER_TOP likeliest next tokens
     (`ids`) and their probabilities, renormalised (`probs`)."""
     what = "next-token distributions"
-    stride = 1 / 2
 
     def fields(self, target):
         return dict(probs=(TEACHER_TOP, torch.float16), ids=(TEACHER_TOP, torch.int32))
@@ -839,7 +838,6 @@ class TargetFeatures(TargetOutputs):
     """For heads on the frozen target (Medusa-1, EAGLE): each position keeps the target's final
     hidden state (`features`, after ln_f); its logits are `target.lm_head(features)`."""
     what = "features"
-    stride = 1
 
     def fields(self, target):
         return dict(features=(target.config.n_embd, target.lm_head.weight.dtype))

@@ -192,7 +192,7 @@ def test_a_killed_rank_leaves_a_checkpoint_that_resumes_in_one_process(tmp_path)
     assert load_checkpoint(tmp_path / "target.pt")["iter"] == saved + 10
 
 
-def test_the_targets_outputs_are_computed_once_over_windows_at_their_stride():
+def test_the_targets_outputs_are_computed_once_over_back_to_back_windows():
     from data import TokenData
     from tests.conftest import tiny_model
     teacher, block_size = tiny_model(), 16  # vocabulary 64, context 32
@@ -201,16 +201,14 @@ def test_the_targets_outputs_are_computed_once_over_windows_at_their_stride():
     data = train.DistilledData(split, teacher, block_size, batch_size=3, device="cpu")
     features = train.TargetFeatures(split, teacher, block_size, batch_size=3, device="cpu").features
 
-    # the draft's distributions: windows of 16 start every 8 tokens, so that each position is read
-    # after at least 8 tokens, or from the split's start; the heads' features: every 16 tokens, as
-    # random windows read them; the last window of each ends with the split, at 85
-    for position, distilled_from, features_from in [(0, 0, 0), (7, 0, 0), (15, 0, 0), (16, 8, 16), (23, 8, 16),
-                                                    (24, 16, 16), (95, 80, 80), (96, 85, 85), (100, 85, 85)]:
-        logits = teacher(tokens[None, distilled_from:position + 1])
+    # windows of 16 start every 16 tokens, as random windows read them; the last ends with the
+    # split, at 85, and keeps what the one before it did not reach
+    for position, read_from in [(0, 0), (7, 0), (15, 0), (16, 16), (23, 16), (31, 16), (32, 32), (95, 80),
+                                (96, 85), (100, 85)]:
+        logits, hidden = teacher(tokens[None, read_from:position + 1], return_hidden=True)
         top, ids = torch.softmax(logits[0, -1], -1).topk(train.TEACHER_TOP)
         assert torch.equal(data.ids[position], ids.int())
         torch.testing.assert_close(data.probs[position].double(), top / top.sum(), atol=1e-3, rtol=0)
-        hidden = teacher(tokens[None, features_from:position + 1], return_hidden=True)[1]
         torch.testing.assert_close(features[position], hidden[0, -1])
     x, positions = data.batch(4, block_size, torch.Generator().manual_seed(1))
     assert torch.equal(x, tokens[positions]) and positions.shape == (4, block_size)
