@@ -23,13 +23,16 @@ The target and the draft stop where val stops improving: after --patience evalua
 default) without a lower val loss. Their checkpoint is then written only when the loss is lower, so
 it holds the best evaluation, and --resume goes on from there.
 
-Medusa heads (model/medusa.py). Medusa-1 (the default) freezes the target: each batch runs it once
-without gradients for its final hidden states, and only the heads learn, on sum_i 0.8^i CE_i.
-Medusa-2 (--medusa-joint) trains target and heads together on L_LM + 0.2 L_heads, the target at a
-4x lower learning rate so that the heads' loss nudges its hidden states without ruining its own
-predictions; the new target is saved beside the heads (medusa-target.pt). At every evaluation each
-head's top-1..top-10 accuracy is measured on val; they choose the tree saved with the heads
-(decode.medusa.build_tree).
+The phases after the target's learn from the trained target, frozen: the distilled draft from its
+next-token distributions, the Medusa-1 and EAGLE heads from its final hidden states. One pass of
+the target over the training split computes what all of them read (FrozenTarget).
+
+Medusa heads (model/medusa.py). Medusa-1 (the default) freezes the target and only the heads learn,
+on sum_i 0.8^i CE_i. Medusa-2 (--medusa-joint) trains a copy of the target and the heads together on
+L_LM + 0.2 L_heads, the target at a 4x lower learning rate so that the heads' loss nudges its hidden
+states without ruining its own predictions; the new target is saved beside the heads
+(medusa-target.pt). At every evaluation each head's top-1..top-10 accuracy is measured on val; they
+choose the tree saved with the heads (decode.medusa.build_tree).
 
 The EAGLE head (model/eagle.py) also trains on the frozen target, on its features and its
 distributions; at the evaluation its top-1 agreement with the target at draft depths 1..4 is
@@ -197,7 +200,8 @@ def make_optimizer(model, opt):
     """AdamW; with opt["optimizer"] == "muon", Muon for muon_matrices(model) and AdamW for the rest."""
     params = [p for p in model.parameters() if p.requires_grad]
     matrices = [p for p in muon_matrices(model) if p.requires_grad] if opt.get("optimizer", "adamw") == "muon" else []
-    rest = [p for p in params if all(p is not m for m in matrices)]
+    moved_by_muon = {id(m) for m in matrices}
+    rest = [p for p in params if id(p) not in moved_by_muon]
     decay = [p for p in rest if p.dim() >= 2]  # embeddings and, without Muon, matrices; not biases or LayerNorms
     no_decay = [p for p in rest if p.dim() < 2]
     adam = adamw([dict(params=decay, weight_decay=opt["weight_decay"]), dict(params=no_decay, weight_decay=0.0)], opt)
@@ -497,7 +501,7 @@ def train_heads(target, tokenizer, train, val, out_path, opt, n_heads=4, tied=Fa
     lm_before = evaluate()[0] if joint else None
 
     if not joint:  # the frozen target's features are the same at every visit of a window
-        train = TargetFeatures.shared(train, target, block_size, opt["batch_size"], device, log)
+        train = TargetOutputs.shared(train, target, {"features"}, device, log)
         following = train.tokens[1:].to(device)  # following[p]: the token after position p
 
     def step_loss(x, y):
@@ -607,7 +611,7 @@ def train_eagle(target, tokenizer, train, val, out_path, opt, device="cpu", seed
         f"{sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
         f"{opt['max_iters']} iterations of {opt['batch_size']} x {block_size} tokens")
     noise = torch.Generator(device).manual_seed(seed)
-    train = TargetFeatures.shared(train, target, block_size, opt["batch_size"], device, log)
+    train = TargetOutputs.shared(train, target, {"features"}, device, log)
 
     def step_loss(x, positions):
         features = train.features[positions]  # (B, T, C)
@@ -654,14 +658,14 @@ def main(argv=None):
     kinds = ["target", "draft", "medusa", "eagle"] if args.what == "all" else [args.what]
     if RANK == 0 and not any(os.path.exists(checkpoint_path(args.out_dir, kind)) for kind in kinds):
         plan(args, kinds, device, dtype, text)  # a fresh run: a resumed one shows each phase's ETA as it goes
-    frozen = {}  # the target and its features, shared by the phases that train on it
+    frozen = FrozenTarget(args, text, device, dtype, kinds)  # for the phases after the target's
     try:
         for kind in kinds:
             started = time.time()
             if kind in ("medusa", "eagle"):
                 result = train_on_target(kind, args, text, device, dtype, frozen)
             else:
-                result = train_model(kind, args, text, device, dtype)
+                result = train_model(kind, args, text, device, dtype, frozen)
             summary.append(f"{kind} {result} ({format_duration(time.time() - started)})")
     finally:
         if dist.is_initialized():
@@ -703,9 +707,6 @@ def plan(args, kinds, device, dtype, text):
     arithmetic = dict(target=(n_target, 0, 0), draft=(params["draft"], 0, 0),
                       medusa=(params["medusa"] + n_target * args.medusa_joint, 0, n_target * (not args.medusa_joint)),
                       eagle=(params["eagle"] + lm_head, lm_head, n_target))
-    # the target's outputs over the training split that a phase reads, computed first
-    target_outputs = dict(target=None, draft=DistilledData if args.distill else None,
-                          medusa=None if args.medusa_joint else TargetFeatures, eagle=TargetFeatures)
     flops = 0.0
     for kind in kinds:
         opt, (both, forward, eval_forward) = opts[kind], arithmetic[kind]
@@ -714,8 +715,7 @@ def plan(args, kinds, device, dtype, text):
         flops += tokens * (opt["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + eval_forward))
         if opt.get("optimizer") == "muon":
             flops += opt["max_iters"] * orthogonalisation_flops(dict(target=target, draft=draft)[kind])
-    # each pass over the training split computed once, for every phase that reads it
-    for outputs in {target_outputs[kind] for kind in kinds} - {None}:
+    if any(outputs_read(args, kind) for kind in kinds):  # one pass over the training split, for all of them
         flops += training_tokens(args, text, saved) * 2 * n_target
     names = dict(target="the target", draft="the draft", medusa="the Medusa heads", eagle="the EAGLE head")
     sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {opts[kind]['max_iters']:,} iterations)"
@@ -760,24 +760,35 @@ def match_target_context(args, draft_cfg, target_cfg):
 
 
 class TargetOutputs(TokenData):
-    """The training split with the frozen target's outputs computed once, for a model that learns
+    """The training split with the frozen target's outputs computed once, for the models that learn
     from them: run on every batch instead, the target took four fifths of the draft's training time
-    (docs/2026-12-04-epyc-k.md, with the draft's acceptance either way). The split is read in
-    windows of block_size, back to back (the last ends with the split, kept from where the one
-    before ended), so each position is read after 0 to block_size - 1 tokens, as random windows read
-    it. Windows overlapping by half, each position read after at least half a window, cost the
-    draft's pass twice the time for the same acceptance (docs/2026-12-05-epyc-o.md).
+    (docs/2026-12-04-epyc-k.md, with the draft's acceptance either way).
+    outputs: what is kept of each position, any of
+      "distributions": the target's TEACHER_TOP likeliest next tokens (`ids`) and their
+          probabilities, renormalised (`probs`), for a draft to distil;
+      "features": its final hidden state (`features`, after ln_f), for heads on the frozen target
+          (Medusa-1, EAGLE), whose logits are `target.lm_head(features)`;
+    each an attribute (len(split), size). The split is read in windows of the target's context, back
+    to back (the last ends with the split, kept from where the one before ended), so each position
+    is read after 0 to block_size - 1 tokens, as random windows read it. Windows overlapping by half,
+    each position read after at least half a window, cost the draft's pass twice the time for the
+    same acceptance (docs/2026-12-05-epyc-o.md). The target runs on `windows` of them at a time.
     batch() returns windows and, in place of the tokens that follow, their positions, whose outputs
-    the loss reads. A subclass says what it keeps of each position: `fields(target)`, name ->
-    (size, dtype), each kept as an attribute (len(split), size), and `keep(logits, hidden)`, their
-    values over a batch of windows.
-    share=(k, n): only every n-th batch of windows from the k-th is read, the other positions left
+    the loss reads.
+    share=(k, n): only every n-th group of windows from the k-th is read, the other positions left
     zero, so that n processes can split the work and sum their shares (`merge`)."""
 
-    def __init__(self, split, target, block_size, batch_size, device, share=(0, 1)):
+    DESCRIPTIONS = dict(distributions="next-token distributions", features="features")
+
+    def __init__(self, split, target, outputs, device, windows=32, share=(0, 1)):
         self.tokens, self.chars_per_token, self.name = split.tokens, split.chars_per_token, split.name
-        n = len(self.tokens)
-        self.kept = self.fields(target)
+        self.outputs = frozenset(outputs)
+        n, block_size = len(self.tokens), target.config.block_size
+        self.kept = {}
+        if "distributions" in self.outputs:
+            self.kept.update(probs=(TEACHER_TOP, torch.float16), ids=(TEACHER_TOP, torch.int32))
+        if "features" in self.outputs:
+            self.kept.update(features=(target.config.n_embd, target.lm_head.weight.dtype))
         for name, (size, dtype) in self.kept.items():
             setattr(self, name, torch.zeros(n, size, dtype=dtype, device=device))
         starts = list(range(0, n - block_size + 1, block_size))
@@ -786,28 +797,39 @@ class TargetOutputs(TokenData):
         kept_from = [0] + [start + block_size for start in starts[:-1]]  # where the window before ended
         part, parts = share
         with torch.no_grad():
-            for i in range(part * batch_size, len(starts), parts * batch_size):
-                group = torch.tensor(starts[i:i + batch_size])
+            for i in range(part * windows, len(starts), parts * windows):
+                group = torch.tensor(starts[i:i + windows])
                 with autocast_for(device):
                     logits, hidden = target(self.tokens[group[:, None] + torch.arange(block_size)].to(device),
                                             return_hidden=True)
                 for name, values in self.keep(logits, hidden).items():  # (B, T, size)
                     outputs = getattr(self, name)
-                    for row, (start, begin) in enumerate(zip(starts[i:i + batch_size], kept_from[i:i + batch_size])):
+                    for row, (start, begin) in enumerate(zip(starts[i:i + windows], kept_from[i:i + windows])):
                         outputs[begin:start + block_size] = values[row, begin - start:]
 
+    def keep(self, logits, hidden):
+        """What is kept of a group of windows' positions: name -> (B, T, size)."""
+        kept = {}
+        if "distributions" in self.outputs:
+            probs, ids = torch.softmax(logits.float(), -1).topk(TEACHER_TOP, dim=-1)  # (B, T, top)
+            kept.update(probs=probs / probs.sum(-1, keepdim=True), ids=ids)
+        if "features" in self.outputs:
+            kept.update(features=hidden)
+        return kept
+
     @classmethod
-    def shared(cls, split, target, block_size, batch_size, device, log=say):
+    def shared(cls, split, target, outputs, device, log=say):
         """The outputs over the split, each of torchrun's processes computing its share; a split that
         already holds them (an earlier phase's, on the same target) is returned as it is."""
-        if isinstance(split, cls):
+        if isinstance(split, cls) and split.outputs >= set(outputs):
             return split
         started = time.time()
         processes = dist.get_world_size() if dist.is_initialized() else 1
-        data = cls(split, target, block_size, batch_size, device, share=(RANK, processes))
+        data = cls(split, target, outputs, device, share=(RANK, processes))
         if processes > 1:
             data.merge()
-        log(f"the target's {cls.what} over the {split.name} split, computed once: "
+        described = " and ".join(cls.DESCRIPTIONS[name] for name in sorted(data.outputs))
+        log(f"the target's {described} over the {split.name} split, computed once: "
             f"{format_duration(time.time() - started)}")
         return data
 
@@ -821,66 +843,68 @@ class TargetOutputs(TokenData):
         return self.tokens[positions].to(device), positions.to(device)
 
 
-class DistilledData(TargetOutputs):
-    """For a draft to distil: each position keeps the target's TEACHER_TOP likeliest next tokens
-    (`ids`) and their probabilities, renormalised (`probs`)."""
-    what = "next-token distributions"
-
-    def fields(self, target):
-        return dict(probs=(TEACHER_TOP, torch.float16), ids=(TEACHER_TOP, torch.int32))
-
-    def keep(self, logits, hidden):
-        probs, ids = torch.softmax(logits.float(), -1).topk(TEACHER_TOP, dim=-1)  # (B, T, top)
-        return dict(probs=probs / probs.sum(-1, keepdim=True), ids=ids)
+def outputs_read(args, kind):
+    """What phase `kind` reads of the frozen target's outputs (TargetOutputs): a distilled draft its
+    distributions, the Medusa-1 and EAGLE heads its features; Medusa-2 trains the target itself."""
+    if kind == "draft" and args.distill:
+        return {"distributions"}
+    if kind == "eagle" or (kind == "medusa" and not args.medusa_joint):
+        return {"features"}
+    return set()
 
 
-class TargetFeatures(TargetOutputs):
-    """For heads on the frozen target (Medusa-1, EAGLE): each position keeps the target's final
-    hidden state (`features`, after ln_f); its logits are `target.lm_head(features)`."""
-    what = "features"
+class FrozenTarget:
+    """The trained target as a run's later phases learn from it: loaded once, with its tokenizer, the
+    splits, and the training split's outputs that any of the phases reads, all computed in one pass
+    by the first of them (about 1m10s a pass on 2 cores, docs/2026-12-05-epyc-o.md)."""
 
-    def fields(self, target):
-        return dict(features=(target.config.n_embd, target.lm_head.weight.dtype))
+    def __init__(self, args, text, device, dtype, kinds):
+        self.args, self.text, self.device, self.dtype = args, text, device, dtype
+        self.outputs = set().union(*(outputs_read(args, kind) for kind in kinds))
+        self.loaded = None
 
-    def keep(self, logits, hidden):
-        return dict(features=hidden)
+    def load(self):
+        """(target, tokenizer, train split with the outputs, val split)."""
+        if self.loaded is None:
+            self.loaded = load_target(self.args, self.text, self.device, self.dtype)
+        target, tokenizer, train, val = self.loaded
+        train = TargetOutputs.shared(train, target, self.outputs, self.device)
+        self.loaded = target, tokenizer, train, val
+        return self.loaded
+
+
+def load_target(args, text, device, dtype):
+    """(target, tokenizer, train split, val split) of OUT_DIR/target.pt or --target."""
+    target, tokenizer, _ = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)
+    train_text, val_text = split_text(text)
+    return (target, tokenizer, TokenData(tokenizer.encode(train_text), len(train_text), "train"),
+            TokenData(tokenizer.encode(val_text), len(val_text), "val"))
 
 
 def train_on_target(kind, args, text, device, dtype, frozen):
-    """Train OUT_DIR/medusa.pt or OUT_DIR/eagle.pt on the frozen target (OUT_DIR/target.pt or
-    --target); Medusa heads also jointly with it. Returns a line for the summary.
-
-    frozen: what the phases of one run share, filled by the first: the target, loaded once, and its
-    features over the train split, computed once (about 1m10s a pass on 2 cores,
-    docs/2026-12-05-epyc-o.md). Medusa-2 trains the target, so a run with it shares nothing."""
+    """Train OUT_DIR/medusa.pt or OUT_DIR/eagle.pt on the run's frozen target (a FrozenTarget);
+    Medusa-2 trains its own copy of it jointly with the heads. Returns a line for the summary."""
     out_path = checkpoint_path(args.out_dir, kind)
     if os.path.exists(out_path) and not args.resume:
         raise UserError(f"{out_path} exists: remove it or use another --out-dir")
     if os.path.exists(out_path):
         say(f"{out_path} exists; {kind} heads are trained in one go, so there is nothing to resume")
         return f"{out_path} kept"
-    if not frozen or args.medusa_joint:
-        target, tokenizer, _ = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)
-        train_text, val_text = split_text(text)
-        frozen.update(target=target, tokenizer=tokenizer, val=TokenData(tokenizer.encode(val_text), len(val_text), "val"),
-                      train=TokenData(tokenizer.encode(train_text), len(train_text), "train"))
-    target, tokenizer, train, val = (frozen[name] for name in ("target", "tokenizer", "train", "val"))
-    opt = override(EAGLE_TRAINING if kind == "eagle" else HEADS_TRAINING, args)
-    if kind == "eagle" or not args.medusa_joint:
-        train = frozen["train"] = TargetFeatures.shared(train, target, target.config.block_size, opt["batch_size"],
-                                                        device)
+    joint = kind == "medusa" and args.medusa_joint
+    target, tokenizer, train, val = load_target(args, text, device, dtype) if joint else frozen.load()
     if kind == "eagle":
-        accuracies = train_eagle(target, tokenizer, train, val, out_path, opt,
+        accuracies = train_eagle(target, tokenizer, train, val, out_path, override(EAGLE_TRAINING, args),
                                  device=device, seed=args.seed, log_interval=args.log_interval)
         return f"{out_path}: top-1 agreement with the target {accuracies[0]:.3f} at depth 1"
-    accuracies = train_heads(target, tokenizer, train, val, out_path, opt,
-                             n_heads=args.medusa_heads, tied=args.medusa_tied, joint=args.medusa_joint,
+    accuracies = train_heads(target, tokenizer, train, val, out_path, override(HEADS_TRAINING, args),
+                             n_heads=args.medusa_heads, tied=args.medusa_tied, joint=joint,
                              tree_size=args.tree_size, device=device, seed=args.seed, log_interval=args.log_interval)
     return f"{out_path}: head 0 top-1 {accuracies[0][0]:.3f}"
 
 
-def train_model(kind, args, text, device, dtype):
-    """Train (or resume) OUT_DIR/<kind>.pt. Returns a line for the summary."""
+def train_model(kind, args, text, device, dtype, frozen):
+    """Train (or resume) OUT_DIR/<kind>.pt; a distilled draft learns from the run's frozen target (a
+    FrozenTarget). Returns a line for the summary."""
     ckpt_path = checkpoint_path(args.out_dir, kind)
     train_text, val_text = split_text(text)
     resuming = args.resume and os.path.exists(ckpt_path)
@@ -928,9 +952,8 @@ def train_model(kind, args, text, device, dtype):
           f"{train.chars_per_token:.2f} characters/token, {len(train.tokens):,} training tokens")
     step_model = torch.compile(model) if args.compile else model
     distilled = kind == "draft" and args.distill
-    if distilled:
-        teacher = load_model(cli.checkpoint_of(args, "target"), device=device, dtype=dtype)[0]
-        train = DistilledData.shared(train, teacher, config.block_size, opt["batch_size"], device)
+    if distilled:  # the same tokens, with the target's outputs
+        train = frozen.load()[2]
 
     def step_loss(x, y):
         logits = step_model(x)

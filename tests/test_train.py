@@ -40,14 +40,15 @@ def test_a_fresh_run_first_says_what_it_will_train_and_for_about_how_long(tmp_pa
     first = out.splitlines()[0]
     assert re.fullmatch(r"training the target \(0\.\d\dM parameters, 4 iterations\), the draft \(.*\), "
                         r"the Medusa heads \(.*\), the EAGLE head \(.*\): about \d+m\d\ds here .*", first)
-    assert out.count("the target's features over the train split, computed once") == 1  # for both heads' phases
+    # one pass of the target for the draft's distributions and both heads' features
+    assert out.count("over the train split, computed once") == 1
+    assert "the target's next-token distributions and features over the train split, computed once" in out
     train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "6", "--eval-interval", "2", "--resume"])
     assert "about" not in capsys.readouterr().out  # a resumed run shows each phase's ETA instead
 
 
-def test_the_medusa_and_eagle_phases_of_a_run_share_one_pass_over_the_targets_features(tmp_path, tiny_checkpoint,
-                                                                                      capsys):
-    # the fixture's whole run computed them in its Medusa phase; EAGLE trained alone computes its own
+def test_the_phases_of_a_run_share_one_pass_over_the_targets_outputs(tmp_path, tiny_checkpoint, capsys):
+    # the fixture's whole run computed them in its draft's phase; EAGLE trained alone computes its own
     train.main(TINY + ["--what", "eagle", "--target", str(tiny_checkpoint / "target.pt"), "--out-dir", str(tmp_path),
                        "--max-iters", "30", "--eval-interval", "15"])
     assert capsys.readouterr().out.count("the target's features over the train split, computed once") == 1
@@ -195,26 +196,32 @@ def test_a_killed_rank_leaves_a_checkpoint_that_resumes_in_one_process(tmp_path)
 def test_the_targets_outputs_are_computed_once_over_back_to_back_windows():
     from data import TokenData
     from tests.conftest import tiny_model
-    teacher, block_size = tiny_model(), 16  # vocabulary 64, context 32
+    teacher = tiny_model()  # vocabulary 64, context 32
     tokens = torch.randint(64, (101,), generator=torch.Generator().manual_seed(0))
     split = TokenData(tokens.numpy(), 200, "train")
-    data = train.DistilledData(split, teacher, block_size, batch_size=3, device="cpu")
-    features = train.TargetFeatures(split, teacher, block_size, batch_size=3, device="cpu").features
+    both = {"distributions", "features"}
+    data = train.TargetOutputs(split, teacher, both, device="cpu", windows=3)
 
-    # windows of 16 start every 16 tokens, as random windows read them; the last ends with the
-    # split, at 85, and keeps what the one before it did not reach
-    for position, read_from in [(0, 0), (7, 0), (15, 0), (16, 16), (23, 16), (31, 16), (32, 32), (95, 80),
-                                (96, 85), (100, 85)]:
+    # windows of the target's context start every 32 tokens, as random windows read them; the last
+    # ends with the split, at 69, and keeps what the one before it did not reach
+    for position, read_from in [(0, 0), (15, 0), (31, 0), (32, 32), (47, 32), (63, 32), (64, 64), (95, 64),
+                                (96, 69), (100, 69)]:
         logits, hidden = teacher(tokens[None, read_from:position + 1], return_hidden=True)
         top, ids = torch.softmax(logits[0, -1], -1).topk(train.TEACHER_TOP)
         assert torch.equal(data.ids[position], ids.int())
         torch.testing.assert_close(data.probs[position].double(), top / top.sum(), atol=1e-3, rtol=0)
-        torch.testing.assert_close(features[position], hidden[0, -1])
-    x, positions = data.batch(4, block_size, torch.Generator().manual_seed(1))
-    assert torch.equal(x, tokens[positions]) and positions.shape == (4, block_size)
-    # two processes' shares (each every other batch of windows) sum to the whole
-    shares = [train.DistilledData(split, teacher, block_size, batch_size=3, device="cpu", share=(k, 2)) for k in range(2)]
-    assert torch.equal(shares[0].ids + shares[1].ids, data.ids) and torch.equal(shares[0].probs + shares[1].probs, data.probs)
+        torch.testing.assert_close(data.features[position], hidden[0, -1])
+    x, positions = data.batch(4, 16, torch.Generator().manual_seed(1))
+    assert torch.equal(x, tokens[positions]) and positions.shape == (4, 16)
+    # a split that holds what is asked for is kept as it is; one that does not gets a pass of its own
+    assert train.TargetOutputs.shared(data, teacher, {"features"}, "cpu") is data
+    features = train.TargetOutputs.shared(split, teacher, {"features"}, "cpu")
+    assert features.outputs == {"features"} and not hasattr(features, "ids")
+    assert torch.equal(features.features, data.features)
+    # two processes' shares (each every other group of windows) sum to the whole
+    shares = [train.TargetOutputs(split, teacher, both, device="cpu", windows=3, share=(k, 2)) for k in range(2)]
+    for name in ("ids", "probs", "features"):
+        assert torch.equal(getattr(shares[0], name) + getattr(shares[1], name), getattr(data, name))
     assert shares[0].ids.any() and shares[1].ids.any()
 
 
