@@ -774,7 +774,8 @@ class TargetOutputs(TokenData):
     to back (the last ends with the split, kept from where the one before ended), so each position
     is read after 0 to block_size - 1 tokens, as random windows read it. Windows overlapping by half,
     each position read after at least half a window, cost the draft's pass twice the time for the
-    same acceptance (docs/2026-12-05-epyc-o.md). The target runs on `windows` of them at a time.
+    same acceptance (docs/2026-12-05-epyc-o.md). The target runs on `windows` of them at a time
+    (default: 4,096 tokens' worth, so that a long context's logits stay within memory).
     batch() returns windows and, in place of the tokens that follow, their positions, whose outputs
     the loss reads.
     share=(k, n): only every n-th group of windows from the k-th is read, the other positions left
@@ -782,10 +783,11 @@ class TargetOutputs(TokenData):
 
     DESCRIPTIONS = dict(distributions="next-token distributions", features="features")
 
-    def __init__(self, split, target, outputs, device, windows=32, share=(0, 1)):
+    def __init__(self, split, target, outputs, device, windows=None, share=(0, 1)):
         self.tokens, self.chars_per_token, self.name = split.tokens, split.chars_per_token, split.name
         self.outputs = frozenset(outputs)
         n, block_size = len(self.tokens), target.config.block_size
+        windows = windows or max(1, 4096 // block_size)
         self.kept = {}
         if "distributions" in self.outputs:
             self.kept.update(probs=(TEACHER_TOP, torch.float16), ids=(TEACHER_TOP, torch.int32))
