@@ -217,7 +217,7 @@ def test_the_targets_outputs_are_computed_once_over_back_to_back_windows():
     assert train.TargetOutputs.shared(data, teacher, {"features"}, "cpu") is data
     features = train.TargetOutputs.shared(split, teacher, {"features"}, "cpu")
     assert features.outputs == {"features"} and not hasattr(features, "ids")
-    assert torch.equal(features.features, data.features)
+    torch.testing.assert_close(features.features, data.features)  # windows grouped otherwise: rounding may differ
     # two processes' shares (each every other group of windows) sum to the whole
     shares = [train.TargetOutputs(split, teacher, both, device="cpu", windows=3, share=(k, 2)) for k in range(2)]
     for name in ("ids", "probs", "features"):
