@@ -15,7 +15,8 @@ run; a second plain row, last, shows how far apart two identical rows land (the 
 the speedup the cost model predicts from the measured tau:
 tau / (mean r(n) + d*c), with r(n) the target's verify-pass cost curve at each pass's size n
 (averaged over the passes, whose sizes vary for sized lookahead), d the draft forwards per target
-forward and c the step cost of the draft model or of the EAGLE head (for k draft guesses:
+forward and c the cost of one of them: a draft model step, an EAGLE head or Medusa heads forward,
+each timed alone (for k draft guesses:
 r(k+1) + k*c). Greedy rows also say on what share of the prompts they wrote exactly plain
 decoding's tokens: all of them in float64; in float32 and below a pass over several tokens rounds
 differently from single steps, and a near-tie can flip. Each method decodes as generate.py's
@@ -36,6 +37,7 @@ from decode import Fallback, Plain, generate_batch
 from decode.cost import cost_curve, forward_seconds, profile_prefix
 from decode.draft import AUTO_K_MAX, predicted_speedup
 from decode.eagle import head_seconds
+from decode.medusa import heads_seconds
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from decode.speculative import PHASES
 from decode.stats import DecodeStats
@@ -433,15 +435,18 @@ def main(argv=None):
     cost = dict(r=cost_curve(model, max_pass, prefix)[0])
     def drafting_seconds(batch_size=1):
         """Seconds of one draft forward for a batch of B rows, by method: the draft model steps all the
-        rows at once; the EAGLE head drafts row by row, B forwards."""
+        rows at once; the EAGLE head and the Medusa heads draft row by row, B forwards."""
         return dict(draft=forward_seconds(draft, 1, profile_prefix(draft), batch_size=batch_size) if draft is not None else 0.0,
-                    eagle=batch_size * head_seconds(eagle_head[0], model.config.vocab_size, prefix) if eagle_head else 0.0)
+                    eagle=batch_size * head_seconds(eagle_head[0], model.config.vocab_size, prefix) if eagle_head else 0.0,
+                    medusa=batch_size * heads_seconds(heads[0]) if heads else 0.0)
     step_seconds = drafting_seconds()
-    step = forward_seconds(model, 1, prefix) if draft is not None or eagle_head is not None else None
+    step = forward_seconds(model, 1, prefix) if any(step_seconds.values()) else None
     if draft is not None:
         cost["c"] = step_seconds["draft"] / step
     if eagle_head is not None:
         cost["c_eagle"] = step_seconds["eagle"] / step
+    if heads is not None:
+        cost["c_medusa"] = step_seconds["medusa"] / step
     step_cost = {method: seconds / step for method, seconds in step_seconds.items() if seconds}  # per draft forward
 
     text = read_text(args.data or state.get("data"))
@@ -472,6 +477,7 @@ def main(argv=None):
         return 0
     print("# cost model: " + (f"draft step c = {cost['c']:.3f} target steps; " if "c" in cost else "")
           + (f"EAGLE head forward c = {cost['c_eagle']:.3f}; " if "c_eagle" in cost else "")
+          + (f"Medusa heads forward c = {cost['c_medusa']:.3f}; " if "c_medusa" in cost else "")
           + f"r(2..{len(cost['r'])}) = " + " ".join(f"{r:.2f}" for r in cost["r"][1:]))
     width = max(28, max(map(len, totals)) + 2)
     print(f"{'method':<{width}}{'tau':>6}{'alpha':>7}{'target fw':>11}{'draft fw':>10}{'pass':>6}{'held':>6}{'tokens/s':>10}"

@@ -4,7 +4,8 @@ Every verify pass leaves the target's final hidden state at the last accepted po
 target's lm_head reads the next token from it (the root of the next round) and Medusa head j reads
 a guess at the token j+1 places beyond that (model/medusa.py). Next round the proposer turns the
 heads' top choices into a tree of candidates and the shared verifier checks them all in one pass,
-so speculation costs no extra forward at all; the first round, before any pass, proposes nothing.
+so speculation costs no forward of the target or of a draft model, only the heads' own on one
+hidden state a round; the first round, before any pass, proposes nothing.
 
 The tree is a fixed set of paths of choices: (i_1, ..., i_d) is head 0's i_1-th likeliest token
 (0 = top), then head 1's i_2-th, ..., head d-1's i_d-th. Which paths to include is decided once,
@@ -22,6 +23,7 @@ import math
 
 import torch
 
+from decode.cost import median_seconds
 from decode.proposer import Proposer
 from decode.sampling import token_probs
 from decode.tree import Candidates
@@ -101,7 +103,8 @@ class Medusa(Proposer):
     function from one hidden state (C,) to the heads' logits (K, V)), used as they are now;
     tree_paths: "chain" or a list of paths (build_tree); typical: None for the exact shared
     verifier, or (epsilon, delta) for typical acceptance, which then replaces it (`verify`).
-    The heads read hidden states the verify pass computed anyway: no draft forward at all."""
+    The heads read hidden states the verify pass computed anyway; their forward, one a round, is
+    what the proposer counts in `forwards`."""
 
     def __init__(self, heads, tree_paths="chain", typical=None):
         paths = chain_tree(heads.n_heads) if tree_paths == "chain" else [tuple(p) for p in tree_paths]
@@ -122,6 +125,7 @@ class Medusa(Proposer):
 
     def start(self, prompt):
         self.hidden = None  # (C,): the target's hidden state that predicted the last token
+        self.forwards = 0
 
     def propose(self, tokens, max_depth, sampling, generator):
         if self.hidden is None:  # the first round: no pass has run yet
@@ -129,6 +133,7 @@ class Medusa(Proposer):
         n = self.n_within[min(max_depth, len(self.n_within) - 1)]
         # ranked by raw logits also when sampling: temperature, top-k and top-p never reorder tokens
         logits = self.head_logits(self.hidden)  # (K, V)
+        self.forwards += 1
         ranked = logits.topk(self.width, dim=-1).indices.tolist()  # (K, width): likeliest first
         return Candidates([ranked[len(p) - 1][p[-1]] for p in self.paths[:n]], self.parents[:n])
 
@@ -140,3 +145,12 @@ class Medusa(Proposer):
 
     def _verify_typical(self, logits, candidates, sampling, generator):
         return verify_typical(token_probs(logits, sampling), candidates, *self.typical, generator)
+
+
+@torch.inference_mode()
+def heads_seconds(heads):
+    """Median wall time of the heads' forward on one hidden state, as a round's proposal runs it."""
+    weight = heads.blocks[0].linear.weight
+    hidden = torch.randn(weight.size(1), generator=torch.Generator().manual_seed(0)).to(weight)
+    decoder = heads.decoder()
+    return median_seconds(lambda: decoder(hidden), weight.device)

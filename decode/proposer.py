@@ -24,8 +24,8 @@ output token, which is why no method can change what the model says.
 
     max_candidates   the most tokens a proposal adds to a pass besides the root (sizes the cache's
                      scratch space)
-    forwards         draft-model forwards run since start() (0 for methods that draft with the
-                     target itself)
+    forwards         drafting forwards run since start(): a draft model's, the EAGLE head's, the
+                     Medusa heads' (0 for methods that draft with the target itself)
     verify           None: the loop's exact verifier decides. A method may declare a lossy rule
                      instead, verify(logits, candidates, sampling, generator) -> Verdict; it must
                      say so to the user (Medusa's typical acceptance is the one such rule).

@@ -233,7 +233,7 @@ def test_generate_medusa_compare_is_identical_to_plain(tiny_checkpoint, tree):
                 "--temperature", "0", "--dtype", "float64", "--max-new-tokens", "80", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["identical_to_plain"] is True and out["lossy"] is False and out["draft_forwards"] == 0
+    assert out["identical_to_plain"] is True and out["lossy"] is False and out["draft_forwards"] > 0
 
 
 def test_generate_medusa_typical_is_labelled_lossy(tiny_checkpoint):

@@ -244,7 +244,7 @@ def test_greedy_medusa_is_token_identical_to_plain(tree):
     for prompt in PROMPTS:
         spec, stats = generate(TARGET, prompt, 60, Sampling(), proposer=Medusa(HEADS, TREES[tree]))
         assert spec == plain_greedy(tuple(prompt))
-        assert stats.draft_forwards == 0
+        assert 0 < stats.draft_forwards < stats.target_forwards  # the heads run once a round, after the first
         accepted, judged = accepted + stats.accepted, judged + stats.judged
     assert 0.2 < accepted / judged < 0.9  # the test must exercise both accepted and rejected candidates
 
