@@ -981,10 +981,11 @@ def train_model(kind, args, text, device, dtype, frozen):
     model.train()
     fit(Step(step_loss, model), optimizer, opt, train, config.block_size, device, gen, evaluate_and_save, history,
         start_iter=start_iter, log_interval=args.log_interval)
+    kept = kept_evaluation(history, opt)
     if start_iter >= opt["max_iters"]:
         say(f"{ckpt_path} is already at iteration {start_iter}; raise --max-iters to train further")
-    kept = kept_evaluation(history, opt)
-    say(f"saved {ckpt_path} (iteration {kept['iter']})")
+    else:
+        say(f"saved {ckpt_path} (iteration {kept['iter']})")
     return f"{ckpt_path}: val {kept['val_loss']:.4f} nats/token = {kept['val_nats_per_char']:.4f} nats/char"
 
 

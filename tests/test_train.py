@@ -27,11 +27,15 @@ def test_training_lowers_the_loss_and_writes_a_loadable_checkpoint(tiny_checkpoi
     assert tokenizer.vocab_size == model.config.vocab_size == 300
 
 
-def test_resume_continues_where_it_stopped(tmp_path):
+def test_resume_continues_where_it_stopped(tmp_path, capsys):
     train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "10", "--eval-interval", "10"])
     train.main(TINY + ["--out-dir", str(tmp_path), "--max-iters", "20", "--eval-interval", "10", "--resume"])
     state = load_checkpoint(tmp_path / "target.pt")
     assert state["iter"] == 20 and [h["iter"] for h in state["history"]] == [10, 20]
+    capsys.readouterr()
+    train.main(TINY + ["--out-dir", str(tmp_path), "--what", "target", "--max-iters", "20", "--resume"])
+    out = capsys.readouterr().out  # a finished run resumed: nothing trained, nothing said to be saved
+    assert f"{tmp_path / 'target.pt'} is already at iteration 20" in out and "saved" not in out
 
 
 def test_a_fresh_run_first_says_what_it_will_train_and_for_about_how_long(tmp_path, capsys):
