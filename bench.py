@@ -16,7 +16,8 @@ the speedup the cost model predicts from the measured tau:
 tau / (mean r(n) + d*c), with r(n) the target's verify-pass cost curve at each pass's size n
 (averaged over the passes, whose sizes vary for sized lookahead), d the draft forwards per target
 forward and c the cost of one of them, timed alone: a draft model's step, or a forward of the
-EAGLE head or of the Medusa heads (for k draft guesses: r(k+1) + k*c). Greedy rows also say on
+EAGLE head (of one node for a chain, of a tree's width for a tree) or of the Medusa heads (for k
+draft guesses: r(k+1) + k*c). Greedy rows also say on
 what share of the prompts they wrote exactly plain decoding's tokens: all of them in float64; in
 float32 and below a pass over several tokens rounds differently from single steps, and a near-tie
 can flip. Each method decodes as generate.py's does, with the measured fallback
@@ -311,11 +312,11 @@ def report_start(args, header, rows, how="", **settings):
     return False
 
 
-def bench_batches(args, model, rows, prompts, sampling, header, max_pass, drafting_seconds):
+def bench_batches(args, model, rows, prompts, sampling, header, max_pass, drafting_seconds, drafters):
     """--batch-sizes: every row decodes the prompts in batches of each size. A batch's speculation
     costs a pass of B rows x n tokens, r_B(n) times a plain batched step, n being the longest row's
-    pass (the others are padded to it), plus d drafting forwards: d x drafting_seconds(B)[method]
-    / (the batched step's seconds)."""
+    pass (the others are padded to it), plus d drafting forwards: d x drafting_seconds(B)[drafter]
+    / (the batched step's seconds), drafters[row] naming the drafter whose forwards a row pays."""
     prefix = profile_prefix(model)
     results = []
     for batch_size in args.batch_sizes:
@@ -325,7 +326,7 @@ def bench_batches(args, model, rows, prompts, sampling, header, max_pass, drafti
                                                    batch_size, args.fallback)
         base = totals["none"].new_tokens / seconds["none"]
         for label, s in totals.items():
-            draft_cost = step_seconds.get(label.split()[0], 0.0) / step * s.draft_forwards / s.target_forwards
+            draft_cost = step_seconds.get(drafters[label], 0.0) / step * s.draft_forwards / s.target_forwards
             same = sum(a == b for a, b in zip(outputs[label], outputs["none"])) / len(prompts) if sampling.greedy else None
             results.append(dict(method=label, batch_size=batch_size, tau=s.tau, alpha=s.alpha,
                                 tokens_per_s=s.new_tokens / seconds[label], speedup=s.new_tokens / seconds[label] / base,
@@ -433,33 +434,41 @@ def main(argv=None):
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)
     cost = dict(r=cost_curve(model, max_pass, prefix)[0])
+    eagle_widths = sorted({p.width for label, p in proposers.items() if label.startswith("eagle")})
+
     def drafting_seconds(batch_size=1):
-        """Seconds of one draft forward for a batch of B rows, by method: the draft model steps all the
-        rows at once; the EAGLE head and the Medusa heads draft row by row, B forwards."""
-        return dict(draft=forward_seconds(draft, 1, profile_prefix(draft), batch_size=batch_size) if draft is not None else 0.0,
-                    eagle=batch_size * head_seconds(eagle_head[0], model.config.vocab_size, prefix) if eagle_head else 0.0,
-                    medusa=batch_size * heads_seconds(heads[0]) if heads else 0.0)
+        """Seconds of one draft forward for a batch of B rows, by drafter: the draft model steps all the
+        rows at once; the EAGLE head and the Medusa heads draft row by row, B forwards. EAGLE's is
+        timed at each width its rows expand ("eagle 1" for a chain, "eagle 4" for a tree)."""
+        seconds = dict(draft=forward_seconds(draft, 1, profile_prefix(draft), batch_size=batch_size) if draft is not None else 0.0,
+                       medusa=batch_size * heads_seconds(heads[0]) if heads else 0.0)
+        for width in eagle_widths:
+            seconds[f"eagle {width}"] = batch_size * head_seconds(eagle_head[0], model.config.vocab_size, prefix, width)
+        return seconds
+    # the drafting_seconds entry whose forwards each row pays for
+    drafters = {label: f"eagle {p.width}" if label.startswith("eagle") else label.split()[0]
+                for label, p in proposers.items()}
     step_seconds = drafting_seconds()
     step = forward_seconds(model, 1, prefix) if any(step_seconds.values()) else None
+    step_cost = {name: seconds / step for name, seconds in step_seconds.items() if seconds}  # per draft forward
     if draft is not None:
-        cost["c"] = step_seconds["draft"] / step
-    if eagle_head is not None:
-        cost["c_eagle"] = step_seconds["eagle"] / step
+        cost["c"] = step_cost["draft"]
+    if eagle_widths:
+        cost["c_eagle"] = {width: step_cost[f"eagle {width}"] for width in eagle_widths}
     if heads is not None:
-        cost["c_medusa"] = step_seconds["medusa"] / step
-    step_cost = {method: seconds / step for method, seconds in step_seconds.items() if seconds}  # per draft forward
+        cost["c_medusa"] = step_cost["medusa"]
 
     text = read_text(args.data or state.get("data"))
     prompts = held_out_prompts(tokenizer, text, args.num_prompts, args.prompt_len, args.seed)
     if args.batch_sizes:
-        return bench_batches(args, model, rows, prompts, sampling, header, max_pass, drafting_seconds)
+        return bench_batches(args, model, rows, prompts, sampling, header, max_pass, drafting_seconds, drafters)
     totals, outputs, _ = run_interleaved(model, rows, prompts, sampling, args.max_new_tokens, args.seed,
                                          fallback=args.fallback)
 
     base = totals["none"].tokens_per_s
     rows = []
     for label, s in totals.items():
-        c = step_cost.get(label.split()[0], 0.0)
+        c = step_cost.get(drafters[label], 0.0)
         predicted = s.tau / (s.pass_cost(cost["r"]) + c * s.draft_forwards / s.target_forwards)
         # greedy: the share of prompts whose text is plain decoding's, token for token. Exact in
         # float64; in lower precision a pass of several tokens rounds differently from single steps
@@ -476,7 +485,8 @@ def main(argv=None):
     if report_start(args, header, rows, **cost):
         return 0
     print("# cost model: " + (f"draft step c = {cost['c']:.3f} target steps; " if "c" in cost else "")
-          + (f"EAGLE head forward c = {cost['c_eagle']:.3f}; " if "c_eagle" in cost else "")
+          + "".join(f"EAGLE head forward of {width} node{'s' * (width > 1)} c = {c:.3f}; "
+                    for width, c in cost.get("c_eagle", {}).items())
           + (f"Medusa heads forward c = {cost['c_medusa']:.3f}; " if "c_medusa" in cost else "")
           + f"r(2..{len(cost['r'])}) = " + " ".join(f"{r:.2f}" for r in cost["r"][1:]))
     width = max(28, max(map(len, totals)) + 2)

@@ -99,18 +99,19 @@ class Calibration:
 
 
 @torch.inference_mode()
-def head_seconds(head, vocab_size, prefix):
-    """Median wall time of one head forward of TREE_WIDTH nodes after `prefix` cached pairs."""
-    cache = head.new_cache(scratch=TREE_WIDTH)
+def head_seconds(head, vocab_size, prefix, width=TREE_WIDTH):
+    """Median wall time of one head forward of `width` nodes (a tree's expansion; 1 for a chain's)
+    after `prefix` cached pairs."""
+    cache = head.new_cache(scratch=width)
     gen = torch.Generator().manual_seed(0)
-    device, dtype, width = head.fuse.weight.device, head.fuse.weight.dtype, head.config.n_embd
+    device, dtype = head.fuse.weight.device, head.fuse.weight.dtype
 
     def inputs(n):
-        features = torch.randn(1, n, width, generator=gen).to(device=device, dtype=dtype)
+        features = torch.randn(1, n, head.config.n_embd, generator=gen).to(device=device, dtype=dtype)
         return features, torch.randint(vocab_size, (1, n), generator=gen).to(device)
     head(*inputs(prefix), cache)
     cache.commit()
-    features, tokens = inputs(TREE_WIDTH)
+    features, tokens = inputs(width)
 
     def expand():
         head(features, tokens, cache)

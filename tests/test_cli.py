@@ -47,11 +47,14 @@ def test_bench_table_and_profile(tiny_checkpoint):
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--num-prompts", "2", "--max-new-tokens", "8",
                 "--dtype", "float64", "--json")
     assert r.returncode == 0, r.stderr
-    rows = json.loads(r.stdout)["rows"]
+    result = json.loads(r.stdout)
+    rows = result["rows"]
     assert rows[0]["method"] == "none" and rows[0]["speedup"] == 1.0 and rows[0]["tau"] == 1.0
     assert rows[-1]["method"] == "none again (noise)" and rows[-1]["tau"] == 1.0
     assert len(rows) > 20 and all(row["identical_to_plain"] == 1.0 for row in rows)  # every method, greedy
     assert {"eagle tree:auto", "medusa chain", "draft 4"} <= {row["method"] for row in rows}
+    # EAGLE's head forward is timed at each width its rows expand: a chain's one node, a tree's four
+    assert set(result["c_eagle"]) == {"1", "4"} and all(c > 0 for c in result["c_eagle"].values())
     assert len(rows[1]["acceptance_by_depth"]) == 4
     assert all(0 <= row["held"] <= 1 for row in rows) and rows[0]["held"] == 0  # the methods' fallback
     r = run_cli("bench.py", "--out-dir", tiny_checkpoint, "--profile", "--json")
