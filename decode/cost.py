@@ -4,7 +4,6 @@ r(n) = time of one forward with n new tokens / time with 1. On a GPU r(n) stays 
 (the weights are read once either way), which is why speculation pays; on a small CPU model it
 grows sooner, and it decides whether checking k guesses at once can beat k plain steps at all.
 """
-import itertools
 import json
 import os
 import statistics
@@ -72,8 +71,8 @@ def cost_curve(model, max_n, prefix, repeats=7, tree=False, batch_size=1):
     With batch_size B, r(n) is the cost of a pass of B rows x n tokens over a step of B x 1: what
     speculating n - 1 tokens deep costs in each row of a batch.
     The sizes are timed round-robin, so that a drift in the machine's speed hits them alike, and the
-    medians are made non-decreasing: a pass does not get cheaper by growing, and a noisy dip must not
-    lure a sizing rule into passes that are dearer than they look."""
+    medians are fitted non-decreasing (nondecreasing_fit): a pass does not get cheaper by growing, and
+    neither a noisy dip nor a noisy spike at one size should steer a sizing rule."""
     gen = torch.Generator().manual_seed(0)
     cache = _prefilled_cache(model, prefix, max_n, gen, batch_size)
     inputs = [torch.randint(model.config.vocab_size, (batch_size, n), generator=gen).to(cache.k.device)
@@ -84,8 +83,23 @@ def cost_curve(model, max_n, prefix, repeats=7, tree=False, batch_size=1):
             seconds = _time_pass(model, cache, idx, prefix, tree and idx.size(1) > 1)
             if repeat:  # the first round warms up
                 times.append(seconds)
-    medians = list(itertools.accumulate(map(statistics.median, samples), max))
+    medians = nondecreasing_fit([statistics.median(times) for times in samples])
     return [m / medians[0] for m in medians], medians[0]
+
+
+def nondecreasing_fit(values):
+    """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators):
+    a size whose median ran high is averaged with the sizes after it, and one that ran low with
+    those before it. A running maximum would instead carry one high median on to every larger size
+    (docs/2026-12-05-epyc-r.md: a spike at r(11) read 2.97 up to r(22), where its neighbours read
+    about 1.9)."""
+    pools = []  # [mean, count] of runs of neighbours fitted to one value
+    for value in values:
+        pools.append([value, 1])
+        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
+            mean, count = pools.pop()
+            pools[-1] = [(pools[-1][0] * pools[-1][1] + mean * count) / (pools[-1][1] + count), pools[-1][1] + count]
+    return [mean for mean, count in pools for _ in range(count)]
 
 
 class StoredCosts:

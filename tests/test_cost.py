@@ -1,7 +1,9 @@
 """Costs measured once per machine and reused: StoredCosts and the commands' costs.json."""
 import json
 
-from decode.cost import StoredCosts
+import pytest
+
+from decode.cost import StoredCosts, nondecreasing_fit
 from tests.conftest import run_cli
 
 
@@ -53,3 +55,13 @@ def test_generate_measures_the_machine_once_and_bench_profile_refreshes(tiny_che
     assert "measuring" in run_cli(*lookahead).stderr
     draft = ["generate.py", "--out-dir", out, "--spec", "draft", "--k", "auto", "--max-new-tokens", "5"]
     assert "for draft" in run_cli(*draft).stderr and "measuring" not in run_cli(*draft).stderr
+
+
+@pytest.mark.parametrize("medians, fitted", [
+    ([1.0, 1.2, 1.5, 1.5, 2.0], [1.0, 1.2, 1.5, 1.5, 2.0]),        # already non-decreasing: kept
+    ([1.0, 1.3, 2.9, 1.4, 1.5, 1.6], [1.0, 1.3, 1.85, 1.85, 1.85, 1.85]),  # a spike: spread, not carried to the end
+    ([1.0, 1.4, 1.2, 1.5], [1.0, 1.3, 1.3, 1.5]),                  # a dip: averaged with the size before it
+    ([1.1, 1.0], [1.05, 1.05]),
+])
+def test_the_cost_curve_is_fitted_non_decreasing(medians, fitted):
+    assert nondecreasing_fit(medians) == pytest.approx(fitted)
