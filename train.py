@@ -788,13 +788,12 @@ class TargetOutputs(TokenData):
         self.outputs = frozenset(outputs)
         n, block_size = len(self.tokens), target.config.block_size
         windows = windows or max(1, 4096 // block_size)
-        self.kept = {}
-        if "distributions" in self.outputs:
-            self.kept.update(probs=(TEACHER_TOP, torch.float16), ids=(TEACHER_TOP, torch.int32))
-        if "features" in self.outputs:
-            self.kept.update(features=(target.config.n_embd, target.lm_head.weight.dtype))
-        for name, (size, dtype) in self.kept.items():
-            setattr(self, name, torch.zeros(n, size, dtype=dtype, device=device))
+        # one buffer per name keep() returns, of its width and dtype (read off an empty window)
+        weight = target.lm_head.weight
+        nothing = self.keep(weight.new_zeros(0, 0, weight.size(0)), weight.new_zeros(0, 0, weight.size(1)))
+        self.kept = list(nothing)
+        for name, values in nothing.items():
+            setattr(self, name, torch.zeros(n, values.size(-1), dtype=values.dtype, device=device))
         starts = list(range(0, n - block_size + 1, block_size))
         if starts[-1] != n - block_size:  # the split's last tokens
             starts.append(n - block_size)
@@ -812,11 +811,11 @@ class TargetOutputs(TokenData):
                         outputs[begin:start + block_size] = values[row, begin - start:]
 
     def keep(self, logits, hidden):
-        """What is kept of a group of windows' positions: name -> (B, T, size)."""
+        """What is kept of a group of windows' positions, as it is stored: name -> (B, T, size)."""
         kept = {}
         if "distributions" in self.outputs:
             probs, ids = torch.softmax(logits.float(), -1).topk(TEACHER_TOP, dim=-1)  # (B, T, top)
-            kept.update(probs=probs / probs.sum(-1, keepdim=True), ids=ids)
+            kept.update(probs=(probs / probs.sum(-1, keepdim=True)).half(), ids=ids.int())
         if "features" in self.outputs:
             kept.update(features=hidden)
         return kept
