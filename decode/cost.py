@@ -98,7 +98,8 @@ def nondecreasing_fit(values):
         pools.append([value, 1])
         while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
             mean, count = pools.pop()
-            pools[-1] = [(pools[-1][0] * pools[-1][1] + mean * count) / (pools[-1][1] + count), pools[-1][1] + count]
+            before, counted = pools[-1]
+            pools[-1] = [(before * counted + mean * count) / (counted + count), counted + count]
     return [mean for mean, count in pools for _ in range(count)]
 
 
