@@ -19,10 +19,11 @@ forward and c the cost of one of them, timed alone: a draft model's step, or a f
 EAGLE head (of one node for a chain, of a tree's width for a tree) or of the Medusa heads (for k
 draft guesses: r(k+1) + k*c). Greedy rows also say on what share of the prompts they wrote
 exactly plain decoding's tokens: all of them in float64; in float32 and below a pass over several
-tokens rounds differently from single steps, and a near-tie can flip. Each method decodes as generate.py's does, with the measured fallback
-(decode/fallback.py) unless --no-fallback: "held" is the share of its rounds it kept plain, which
-its prediction counts as plain steps. A second table says where each row's rounds spent their
-time, a third how often candidates were accepted at each depth.
+tokens rounds differently from single steps, and a near-tie can flip. Each method decodes as
+generate.py's does, with the measured fallback (decode/fallback.py) unless --no-fallback: "held"
+is the share of its rounds it kept plain, which its prediction counts as plain steps. A second
+table says where each row's rounds spent their time, a third how often candidates were accepted at
+each depth.
 """
 import json
 import os
