@@ -91,8 +91,8 @@ def nondecreasing_fit(values):
     """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators):
     a size whose median ran high is averaged with the sizes after it, and one that ran low with
     those before it. A running maximum would instead carry one high median on to every larger size
-    (docs/2026-12-05-epyc-r.md: a spike at r(11) read 2.97 up to r(22), where its neighbours read
-    about 1.9)."""
+    (docs/2026-12-05-epyc-r.md: medians that ran high at 11 and 12 tokens held a curve at 2.97 up
+    to r(22); the next run read 1.81-2.05 there)."""
     pools = []  # [mean, count] of runs of neighbours fitted to one value
     for value in values:
         pools.append([value, 1])
