@@ -434,29 +434,34 @@ def main(argv=None):
     prefix = profile_prefix(model)
     max_pass = min(64, block_size - prefix, max(p.max_candidates for p in proposers.values()) + 1)
     cost = dict(r=cost_curve(model, max_pass, prefix)[0])
-    eagle_widths = sorted({p.width for label, p in proposers.items() if label.startswith("eagle")})
-
-    def drafting_seconds(batch_size=1):
-        """Seconds of one draft forward for a batch of B rows, by drafter: the draft model steps all the
-        rows at once; the EAGLE head and the Medusa heads draft row by row, B forwards. EAGLE's is
-        timed at each width its rows expand ("eagle 1" for a chain, "eagle 4" for a tree)."""
-        seconds = dict(draft=forward_seconds(draft, 1, profile_prefix(draft), batch_size=batch_size) if draft is not None else 0.0,
-                       medusa=batch_size * heads_seconds(heads[0]) if heads else 0.0)
-        for width in eagle_widths:
-            seconds[f"eagle {width}"] = batch_size * head_seconds(eagle_head[0], model.config.vocab_size, prefix, width)
-        return seconds
-    # the drafting_seconds entry whose forwards each row pays for
+    # the drafter whose forwards each row pays for: "draft", "medusa", or "eagle W", the EAGLE head
+    # at the width W its row expands (a chain's one node, a tree's TREE_WIDTH)
     drafters = {label: f"eagle {p.width}" if label.startswith("eagle") else label.split()[0]
                 for label, p in proposers.items()}
+
+    def drafting_seconds(batch_size=1):
+        """Seconds of one forward of each drafter for a batch of B rows: the draft model steps all
+        the rows at once; the EAGLE head and the Medusa heads draft row by row, B forwards."""
+        def seconds(drafter):
+            method, _, width = drafter.partition(" ")
+            if method == "draft":
+                return forward_seconds(draft, 1, profile_prefix(draft), batch_size=batch_size)
+            if method == "medusa":
+                return batch_size * heads_seconds(heads[0])
+            if method == "eagle":
+                return batch_size * head_seconds(eagle_head[0], model.config.vocab_size, prefix, int(width))
+            return 0.0  # a method that drafts with the target itself
+        return {drafter: seconds(drafter) for drafter in sorted(set(drafters.values()))}
     step_seconds = drafting_seconds()
     step = forward_seconds(model, 1, prefix) if any(step_seconds.values()) else None
     step_cost = {name: seconds / step for name, seconds in step_seconds.items() if seconds}  # per draft forward
-    if draft is not None:
+    if "draft" in step_cost:
         cost["c"] = step_cost["draft"]
-    if eagle_widths:
-        cost["c_eagle"] = {width: step_cost[f"eagle {width}"] for width in eagle_widths}
-    if heads is not None:
+    if "medusa" in step_cost:
         cost["c_medusa"] = step_cost["medusa"]
+    eagle = {int(name.split()[1]): c for name, c in step_cost.items() if name.startswith("eagle")}
+    if eagle:
+        cost["c_eagle"] = eagle
 
     text = read_text(args.data or state.get("data"))
     prompts = held_out_prompts(tokenizer, text, args.num_prompts, args.prompt_len, args.seed)
