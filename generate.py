@@ -44,7 +44,7 @@ def parse_args(argv=None):
     cli.add_method_args(p)
     p.add_argument("--compare", action="store_true",
                    help="also decode plainly with the same settings and seed; report the speedup and, "
-                        "for greedy, whether the texts are identical")
+                        "for greedy, whether the texts are identical (--json also carries the plain text)")
     p.add_argument("--show", action="store_true",
                    help="colour each token by where it came from: green an accepted draft token, red the "
                         "target's correction, blue the target's bonus token (only on a terminal)")
@@ -156,7 +156,7 @@ def main(argv=None):
                   tau=stats.tau, alpha=stats.alpha, held=stats.held)
     if args.compare:
         plain_ids, plain_stats = decode(Plain())
-        result.update(plain_tokens_per_s=plain_stats.tokens_per_s,
+        result.update(plain_text=tokenizer.decode(plain_ids), plain_tokens_per_s=plain_stats.tokens_per_s,
                       speedup=stats.tokens_per_s / plain_stats.tokens_per_s,
                       identical_to_plain=(plain_ids == new_ids) if sampling.greedy else None)
     if args.json:
@@ -223,8 +223,10 @@ def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, n
         if args.json:
             row = dict(prompt=prompt, text=text, spec=args.spec, new_tokens=s.new_tokens,
                        target_forwards=s.target_forwards, tau=s.tau, alpha=s.alpha, held=s.held)
-            if args.compare and sampling.greedy:
-                row["identical_to_plain"] = plain_outputs[number] == new_ids
+            if args.compare:
+                row["plain_text"] = tokenizer.decode(plain_outputs[number])
+                if sampling.greedy:
+                    row["identical_to_plain"] = plain_outputs[number] == new_ids
             print(json.dumps(row))
         else:
             print(f"--- prompt {number + 1} ---\n{prompt}{text}")
