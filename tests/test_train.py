@@ -132,12 +132,13 @@ def test_micro_batches_take_the_steps_of_the_whole_batch(tmp_path):
         train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path / "odd"), "--batch-size", "6", "--grad-accum", "4"])
 
 
-def torchrun(out_dir, *args):
-    """train.py under torchrun in 2 CPU processes (gloo), started, not waited for."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
+def torchrun(out_dir, *args, script="train.py", env=None):
+    """train.py (or `script`, which runs it) under torchrun in 2 CPU processes (gloo), started, not
+    waited for; env: variables to set besides."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script,
                *TINY, "--out-dir", str(out_dir), *args]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
 
 
 needs_torchrun = pytest.mark.skipif(not (sys.platform == "linux" and torch.distributed.is_gloo_available()),
@@ -182,19 +183,22 @@ def rank_pid(parent, rank):
 
 
 @needs_torchrun
-def test_a_killed_rank_leaves_a_checkpoint_that_resumes_in_one_process(tmp_path):
-    run = torchrun(tmp_path, "--what", "target", "--max-iters", "100000", "--eval-interval", "10")
+def test_a_rank_killed_mid_save_leaves_the_last_checkpoint_whole_and_it_resumes_in_one_process(tmp_path):
+    """Rank 0, the one that writes, is killed halfway through writing its second checkpoint, that of
+    iteration 20 (train_stalling_mid_save.py holds it there until the kill); iteration 10's stays."""
+    stalled = tmp_path / "stalled"
+    run = torchrun(tmp_path, "--what", "target", "--max-iters", "30", "--eval-interval", "10",
+                   script="tests/train_stalling_mid_save.py", env={"STALLED_SAVE_MARK": str(stalled)})
     deadline = time.time() + 240
-    while not (tmp_path / "target.pt").exists() and time.time() < deadline and run.poll() is None:
+    while not stalled.exists() and time.time() < deadline and run.poll() is None:
         time.sleep(0.2)
-    time.sleep(1.0)  # on into later saves: rank 0, the one that writes them, may be writing one now
+    assert stalled.exists(), run.communicate(timeout=120)[0]  # the run ended without stalling: its log
     os.kill(rank_pid(run.pid, 0), signal.SIGKILL)
     log, _ = run.communicate(timeout=120)
     assert run.returncode != 0, log
-    saved = load_checkpoint(tmp_path / "target.pt")["iter"]
-    assert saved >= 10 and saved % 10 == 0
-    train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path), "--resume", "--max-iters", str(saved + 10)])
-    assert load_checkpoint(tmp_path / "target.pt")["iter"] == saved + 10
+    assert load_checkpoint(tmp_path / "target.pt")["iter"] == 10  # whole, and not replaced by the half
+    train.main(TINY + ["--what", "target", "--out-dir", str(tmp_path), "--resume", "--max-iters", "20"])
+    assert load_checkpoint(tmp_path / "target.pt")["iter"] == 20
 
 
 def test_the_targets_outputs_are_computed_once_over_back_to_back_windows():
