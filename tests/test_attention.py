@@ -64,11 +64,16 @@ def test_a_pass_mask_is_reused_only_for_the_same_lengths_and_mask():
 
 
 def test_strided_cache_views_are_fine():
-    cache_k = torch.randn(1, 2, 40, 8, dtype=torch.float64)  # a cache slot bigger than what is in use
-    cache_v = torch.randn(1, 2, 40, 8, dtype=torch.float64)
-    q = torch.randn(1, 2, 3, 8, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    cache_k = torch.randn(1, 2, 40, 8, generator=gen, dtype=torch.float64)  # a cache slot bigger than what is in use
+    cache_v = torch.randn(1, 2, 40, 8, generator=gen, dtype=torch.float64)
+    q = torch.randn(1, 2, 3, 8, generator=gen, dtype=torch.float64)
     k, v = cache_k[:, :, :10], cache_v[:, :, :10]
-    torch.testing.assert_close(reference_attention(q, k, v), reference_attention(q, k.contiguous(), v.contiguous()))
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    for mask in (None, tree):  # against the definition, which reads contiguous copies
+        expected = naive_attention(q, k.contiguous(), v.contiguous(), causal if mask is None else mask)
+        torch.testing.assert_close(reference_attention(q, k, v, mask), expected)
 
 
 def test_bad_shapes_are_refused():

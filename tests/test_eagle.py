@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import decode.verify
-from decode.eagle import Eagle, parse_shape
+from decode.eagle import TREE_WIDTH, Eagle, parse_shape
 from decode.sampling import Sampling
 from decode.speculative import generate
 from model.checkpoint import CheckpointError
@@ -69,7 +69,14 @@ def test_the_head_refuses_another_target(trained, tmp_path):
     save_eagle(path, head, TARGET, TOKENIZER, accuracies=[0.5] * 4)
     loaded, state = load_eagle(path, TARGET, TOKENIZER, dtype=torch.float64)
     assert torch.equal(loaded.fuse.weight, head.fuse.weight) and state["accuracies"] == [0.5] * 4
-    assert load_eagle(path, copy.deepcopy(TARGET).float(), TOKENIZER)[0] is not None  # same weights, float32
+    target32 = copy.deepcopy(TARGET).float()  # the same weights in float32: still the head's target
+    head32 = load_eagle(path, target32, TOKENIZER)[0]
+    saved = head.state_dict()
+    assert head32.state_dict().keys() == saved.keys() and all(
+        w.dtype == torch.float32 and torch.equal(w, saved[name].float()) for name, w in head32.state_dict().items())
+    features, tokens = TARGET(torch.tensor([[1, 2, 3]]), return_hidden=True)[1], torch.tensor([[2, 3, 4]])
+    torch.testing.assert_close(head32(features.float(), tokens)[1], head(features, tokens)[1].float(), rtol=1e-4,
+                               atol=1e-4)  # it drafts through the float32 target's embedding and lm_head
     with pytest.raises(CheckpointError, match="trained for another target model") as refused:
         load_eagle(path, tiny_model(seed=1), TOKENIZER)
     assert refused.value.retrain == "eagle"
@@ -145,17 +152,61 @@ def test_both_caches_equal_fresh_prefills_after_every_round(trained, shape, size
     assert checked > 20 and accepted > 0
 
 
+class SurerHead:
+    """An EAGLE head's guesses held three times as surely (its logits tripled): the trained head's
+    best guess has a probability of about 0.1, which leaves a tree of 12 nodes two levels deep and
+    the choice of which nodes to expand untested."""
+
+    def __init__(self, head):
+        self.head = head
+
+    def new_cache(self, scratch):
+        return self.head.new_cache(scratch)
+
+    def __call__(self, features, tokens, cache=None, mask=None):
+        predicted, logits = self.head(features, tokens, cache, mask)
+        return predicted, 3 * logits
+
+
 def test_a_dynamic_tree_holds_the_most_confident_nodes_parents_first(trained):
-    proposer = Eagle(trained[0], "tree", 12)
+    head, max_depth = SurerHead(trained[0]), 5
+    proposer = Eagle(head, "tree", 12)
+    # a node's value uncalibrated: EAGLE-2's confidence, the product of the head's probabilities down
+    # its path (the calibration's prior before any verdict rounds them to bins, which ties them)
+    proposer.calibration = lambda rank, p: p
     proposer.start([3, 1, 4])
     logits, hidden = TARGET(torch.tensor([[3, 1, 4]]), return_hidden=True)  # the first pass: the prompt
     token = int(logits[0, -1].argmax())
     proposer.update([3, 1, 4, token], decode.verify.Verdict([], token, 0, False), logits[0, -1:], hidden[0])
-    candidates = proposer.propose([3, 1, 4, token], 5, Sampling(), None)
+    candidates = proposer.propose([3, 1, 4, token], max_depth, Sampling(), None)
     assert len(candidates) == 12 and candidates.draft_probs is None  # deterministic guesses
     assert all(p < i for i, p in enumerate(candidates.parents))  # parents listed first
-    assert 1 < max(candidates.depths()) <= 5
+    assert 2 < max(candidates.depths()) <= max_depth
     assert proposer.cache.length == 3  # the drafts' scratch is rolled back; the 3 real pairs stay
+
+    def likeliest_children(path):
+        """{token: the head's probability} of the TREE_WIDTH likeliest tokens after the drafted `path`,
+        the head run over the real pairs and the path in sequence: no cache, no tree mask."""
+        features, tokens = hidden[0], [1, 4, token]
+        for x in path:
+            predicted = head(features[None], torch.tensor([tokens]))[0][0, -1:]
+            features, tokens = torch.cat([features, predicted]), tokens + [x]
+        top = torch.softmax(head(features[None], torch.tensor([tokens]))[1][0, -1].float(), -1).topk(TREE_WIDTH)
+        return dict(zip(top.indices.tolist(), top.values.tolist()))
+
+    # EAGLE-2's tree: depth by depth, the likeliest children of the most confident nodes of the depth
+    # before are drafted; the tree is the most confident of all the nodes drafted
+    confidence, frontier = {(): 1.0}, [()]
+    for depth in range(1, max_depth + 1):
+        for path in frontier:
+            for x, p in likeliest_children(path).items():
+                confidence[path + (x,)] = confidence[path] * p
+        frontier = sorted((path for path in confidence if len(path) == depth), key=confidence.get)[-TREE_WIDTH:]
+    paths = []
+    for x, parent in zip(candidates.tokens, candidates.parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (x,))
+    drafted = sorted((path for path in confidence if path), key=confidence.get)
+    assert set(paths) == set(drafted[-12:])
 
 
 # ---- sampling: exact through the shared verifier -----------------------------------------------------

@@ -211,8 +211,11 @@ def test_heads_refuse_another_target(tmp_path):
     heads, state = load_medusa(path, TARGET, TOKENIZER, dtype=torch.float64)
     assert torch.equal(heads.blocks[1].linear.weight, informative_heads(2).blocks[1].linear.weight)
     assert state["accuracies"] == GREEDY_ACCURACIES[:2]
-    assert load_medusa(path, copy.deepcopy(TARGET).float(), TOKENIZER)[0] is not None  # same weights, float32
-    assert load_medusa(path, copy.deepcopy(TARGET).bfloat16(), TOKENIZER)[0] is not None  # and bfloat16
+    saved = informative_heads(2).state_dict()
+    for dtype in (torch.float32, torch.bfloat16):  # the same weights in lower precision: still the heads' target
+        loaded = load_medusa(path, copy.deepcopy(TARGET).to(dtype), TOKENIZER, dtype=dtype)[0].state_dict()
+        assert loaded.keys() == saved.keys() and all(
+            w.dtype == dtype and torch.equal(w, saved[name].to(dtype)) for name, w in loaded.items())
     with pytest.raises(CheckpointError, match="trained for another target model") as refused:
         load_medusa(path, tiny_model(seed=1), TOKENIZER)
     assert refused.value.retrain == "medusa"  # the command's advice: retrain the heads
