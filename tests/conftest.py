@@ -38,6 +38,17 @@ def tiny_model(seed=0, dtype=torch.float64, **overrides):
     return model
 
 
+def target_context(tokens, block_size):
+    """The tokens a target's cache must hold once a round has written `tokens`: every token but the
+    newest, from where plain decoding's context window starts, computed one token at a time by the
+    rule decode/window.py states (past the window, keep its last half), never read from the loop."""
+    start = 0
+    for length in range(1, len(tokens)):  # plain decoding checks before every token it adds
+        if length - start > block_size:
+            start = length - block_size // 2
+    return tokens[start:-1]
+
+
 @torch.no_grad()
 def assert_matches_prefill(model, cache, tokens):
     """The committed part of `cache` equals what a fresh prefill of `tokens` would hold."""
@@ -48,6 +59,11 @@ def assert_matches_prefill(model, cache, tokens):
     assert cache.length == len(tokens)
     torch.testing.assert_close(cache.k[..., :cache.length, :], fresh.k[..., :fresh.length, :], rtol=0, atol=1e-10)
     torch.testing.assert_close(cache.v[..., :cache.length, :], fresh.v[..., :fresh.length, :], rtol=0, atol=1e-10)
+
+
+def assert_holds_context(model, cache, tokens):
+    """After a round that wrote `tokens`, `cache` is a fresh prefill of the target's context."""
+    assert_matches_prefill(model, cache, target_context(tokens, model.config.block_size))
 
 
 def cache_row(cache, b):

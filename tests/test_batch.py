@@ -1,21 +1,17 @@
 """Batched decoding: every row of a batch says exactly what its prompt says alone, for plain decoding
 and every method, with each row's cache a fresh prefill of its own tokens after every round."""
-import collections
-
 import pytest
 import torch
 
-import tests.test_speculative as harness
 from decode.draft import DraftModel
 from decode.methods import make_proposer
 from decode.sampling import Sampling
 from decode.speculative import generate, generate_batch
 from model.eagle import EagleHead
-from model.medusa import MedusaConfig, MedusaHeads
-from tests.conftest import assert_matches_prefill, cache_row, tiny_model
-from tests.test_speculative import (DRAFT_TABLE, RecordingTarget, assert_samples_exactly,
-                                    assert_wrong_verifier_is_caught)
-from tests.toys import ToyBigram
+from tests.conftest import assert_holds_context, assert_matches_prefill, cache_row, tiny_model
+from tests.test_eagle import checking_the_head
+from tests.test_medusa import informative_heads
+from tests.test_speculative import RecordingTarget
 
 TARGET = tiny_model(block_size=32)
 DRAFT = tiny_model(seed=5, n_layer=1, block_size=32)
@@ -32,7 +28,7 @@ def perturbed(module, seed):
     return module
 
 
-HEADS = (perturbed(MedusaHeads(TARGET, MedusaConfig(n_heads=3)), 1).double(),
+HEADS = (informative_heads(3).double(),
          {"tree": [(0,), (1,), (0, 0), (0, 0, 0)], "accuracies": [[0.6, 0.2], [0.5, 0.1], [0.4, 0.1]]})
 EAGLE = (perturbed(EagleHead(TARGET), 2).double(), {})
 
@@ -63,7 +59,7 @@ class CheckedRows(RecordingTarget):
         def update_and_check(tokens, verdict, logits, hidden):
             update(tokens, verdict, logits, hidden)
             row = cache_row(self.cache, self.updated)  # holds every accepted token but the newest
-            assert_matches_prefill(self.model, row, tokens[len(tokens) - 1 - row.length:-1])
+            assert_holds_context(self.model, row, tokens)
             self.updated += 1
             self.rounds += 1
 
@@ -90,6 +86,8 @@ def test_every_row_says_what_its_prompt_says_alone(method, held):
     target = CheckedRows(TARGET)
     target.rounds = 0
     proposers = [target.check(METHODS[method]()) for _ in PROMPTS]
+    if method.startswith("eagle"):  # and the head's cache of each row, whenever it catches up
+        proposers = [checking_the_head(proposer, TARGET) for proposer in proposers]
     outputs, stats = generate_batch(target, PROMPTS, 50, Sampling(), proposers=proposers,
                                     fallback=EveryOtherRound() if held else None)
     for prompt, output, row_stats in zip(PROMPTS, outputs, stats):
@@ -97,7 +95,11 @@ def test_every_row_says_what_its_prompt_says_alone(method, held):
         assert output == alone
         assert row_stats.new_tokens == 50
         assert (row_stats.held_rounds > 0) == held
+        assert (row_stats.judged > 0) == (method != "none")  # every row speculated
+    assert (sum(row_stats.accepted for row_stats in stats) > 0) == (method != "none")  # and the target took some
     assert target.rounds >= 4 * 50 / 3  # every row checked after every round it took part in
+    if method.startswith("eagle"):
+        assert all(proposer.head_checks > 5 for proposer in proposers)
 
 
 class CountedDraft(RecordingTarget):
@@ -152,39 +154,3 @@ def test_rows_of_different_methods_leave_the_batch_when_done_and_stream_their_ow
 def test_a_batch_needs_a_proposer_per_prompt():
     with pytest.raises(ValueError, match="one proposer per prompt"):
         generate_batch(TARGET, PROMPTS, 5, Sampling(), proposers=[METHODS["none"]()])
-
-
-class HeldAfterLongPaths:
-    """A fallback whose choice depends on what was sampled: it holds the round after one that gained
-    two tokens or more a row. Choosing by the past never biases what comes next."""
-    gained = 0
-
-    def speculate(self):
-        return self.gained < 2
-
-    def record(self, speculated, tokens_per_row, seconds):
-        self.gained = tokens_per_row
-
-
-@pytest.mark.parametrize("wrong, held", [(False, False), (False, True), (True, False)],
-                         ids=["exact", "exact, held by what was sampled", "wrong verifier"])
-def test_sampling_stays_exact_in_every_row_of_a_batch(wrong, held, monkeypatch):
-    """B = 3: the sampled continuations of every row, pooled, fit the exact distribution (and the
-    wrong verifier is caught)."""
-    def batched_counts(make_proposer, sampling, n, seed=0, prompt=(harness.FIRST,)):
-        target = ToyBigram(harness.TARGET_TABLE)
-        gen = torch.Generator().manual_seed(seed)
-        counts = collections.Counter()
-        for _ in range(n // 3):
-            outputs, _ = generate_batch(target, [list(prompt)] * 3, harness.LENGTH, sampling, gen,
-                                        proposers=[make_proposer() for _ in range(3)],
-                                        fallback=HeldAfterLongPaths() if held else None)
-            counts.update(tuple(o) for o in outputs)
-        return counts
-
-    monkeypatch.setattr(harness, "sample_counts", batched_counts)
-    make = lambda: DraftModel(ToyBigram(DRAFT_TABLE), k=3)  # noqa: E731
-    if wrong:
-        assert_wrong_verifier_is_caught(make, Sampling(temperature=1.0), monkeypatch, n=harness.N // 3 * 3)
-    else:
-        assert_samples_exactly(make, Sampling(temperature=1.0), n=harness.N // 3 * 3)

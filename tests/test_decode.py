@@ -2,21 +2,27 @@
 import torch
 
 from decode import generate
-from decode.sampling import Sampling, next_token
+from decode.sampling import Sampling
 from tests.conftest import tiny_model
+from tests.exactness import reference_probs
 
 
 @torch.no_grad()
 def reference_generate(model, prompt, max_new_tokens, sampling, generator=None):
-    """No cache: rerun the whole visible context for every token. The context slides the way
-    decode/context.py documents: once it would exceed the window, keep its last half window."""
+    """No cache: rerun the whole visible context for every token, and draw it from the reference
+    distribution (tests/exactness.py), not decode.sampling's. The context slides the way
+    decode/window.py documents: once it would exceed the window, keep its last half window."""
     block_size = model.config.block_size
     tokens, start = list(prompt), 0
     for _ in range(max_new_tokens):
         if len(tokens) - start > block_size:
             start = len(tokens) - block_size // 2
         logits = model(torch.tensor([tokens[start:]]))[0, -1]
-        tokens.append(next_token(logits, sampling, generator))
+        if sampling.greedy:
+            tokens.append(int(logits.argmax()))
+        else:
+            probs = reference_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            tokens.append(int(torch.multinomial(torch.from_numpy(probs), 1, generator=generator)))
     return tokens[len(prompt):]
 
 

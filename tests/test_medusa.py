@@ -1,9 +1,8 @@
 """Medusa: the heads, the tree, the proposer in the shared loop, typical acceptance, the heads file.
 
 Greedy Medusa is token-identical to plain greedy and leaves the target's cache equal to a fresh
-prefill after every round; sampling through it keeps the target's distribution exactly (toy bigram
-models whose heads know the exact future marginals, with the wrong-verifier control), while
-typical acceptance, lossy by design, is caught changing it.
+prefill after every round; typical acceptance, lossy by design, is caught changing the distribution
+that sampling through the shared verifier keeps (test_sampling_exactness.py).
 """
 import copy
 import functools
@@ -21,9 +20,10 @@ from decode.tree import Candidates, verify_mask
 from model.checkpoint import CheckpointError, load_model
 from model.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from model.tokenizer import Tokenizer
-from tests.conftest import assert_matches_prefill, tiny_model
-from tests.test_speculative import (PROMPTS, TARGET_TABLE, RecordingTarget, assert_samples_exactly,
-                                    assert_wrong_verifier_is_caught, sampled_fit)
+from tests.conftest import assert_holds_context, tiny_model
+from tests.exactness import (MEDUSA_TREE, SIGNIFICANCE, T1, TARGET_TABLE, TRUNCATED, Setting, ToyMedusaHeads,
+                              sampled_fit)
+from tests.test_speculative import PROMPTS, RecordingTarget
 from train import HEADS_TRAINING, evaluate_heads, train_heads
 
 TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
@@ -258,7 +258,7 @@ class CheckedMedusa(Medusa):
     def update(self, tokens, verdict, logits, hidden):
         super().update(tokens, verdict, logits, hidden)
         cache = self.recorder.cache  # holds every accepted token but the newest
-        assert_matches_prefill(self.recorder.model, cache, tokens[len(tokens) - 1 - cache.length:-1])
+        assert_holds_context(self.recorder.model, cache, tokens)
         self.rounds += 1
         self.deepest = max(self.deepest, len(verdict.path))
 
@@ -279,52 +279,12 @@ def test_typical_acceptance_at_temperature_0_is_greedy():
         assert spec == plain_greedy(tuple(prompt)) and stats.accepted > 0
 
 
-# ---- sampling: exact with the shared verifier, not with typical acceptance -----------------------
+# ---- sampling: exact with the shared verifier (test_sampling_exactness.py), not with typical acceptance
 
-class ToyHeads:
-    """Medusa heads for a bigram toy, whose "hidden state" is its logits row at the current token:
-    head j's logits are the log of the exact distribution of the token j+2 places ahead,
-    softmax(hidden) P^(j+1) with P the bigram transition matrix: perfect heads, which still miss."""
-
-    def __init__(self, table, n_heads):
-        self.transition = torch.softmax(table, -1)  # (V, V)
-        self.n_heads = n_heads
-
-    def __call__(self, hidden):  # (B, T, V) -> (K, B, T, V)
-        p, out = torch.softmax(hidden, -1), []
-        for _ in range(self.n_heads):
-            p = p @ self.transition
-            out.append(p.log())
-        return torch.stack(out)
-
-    def decoder(self):
-        return lambda hidden: self(hidden[None, None])[:, 0, 0]
-
-
-TOY_HEADS = ToyHeads(TARGET_TABLE, 3)
-TOY_TREE = build_tree([[0.5, 0.3, 0.15], [0.4, 0.3], [0.3]], 6)  # [(0,), (1,), (2,), (0,0), (1,0), (0,1)]
-SETTINGS = {
-    "chain, temperature 1": (lambda: Medusa(TOY_HEADS, "chain"), Sampling(temperature=1.0)),
-    "tree, top-k top-p": (lambda: Medusa(TOY_HEADS, TOY_TREE), Sampling(temperature=0.7, top_k=3, top_p=0.9)),
-}
-
-
-@pytest.mark.parametrize("name", list(SETTINGS))
-def test_sampling_preserves_the_target_distribution(name):
-    assert_samples_exactly(*SETTINGS[name])
-
-
-@pytest.mark.parametrize("name", list(SETTINGS))
-def test_a_wrong_verifier_is_caught(name, monkeypatch):
-    assert_wrong_verifier_is_caught(*SETTINGS[name], monkeypatch)
-
-
-@pytest.mark.parametrize("name", list(SETTINGS))
-def test_typical_acceptance_changes_the_distribution(name):
-    make_proposer, sampling = SETTINGS[name]
-    stat, critical, tv, tv_limit = sampled_fit(lambda: Medusa(TOY_HEADS, make_proposer().paths, typical=TYPICAL),
-                                               sampling)
-    assert stat > 3 * critical and tv > 2 * tv_limit
+@pytest.mark.parametrize("tree, sampling", [("chain", T1), (MEDUSA_TREE, TRUNCATED)], ids=["chain", "tree, top-k top-p"])
+def test_typical_acceptance_changes_the_distribution(tree, sampling):
+    typical = Setting(lambda: Medusa(ToyMedusaHeads(TARGET_TABLE, 3), tree, typical=TYPICAL), sampling, sampled=False)
+    assert sampled_fit(typical, 4800, seed=0)[2] < SIGNIFICANCE
 
 
 def test_typical_rule_at_one_node():
