@@ -15,6 +15,7 @@ from decode.sampling import Sampling
 from model.compiled import BUCKETS, StaticGPT
 from model.medusa import MedusaConfig, MedusaHeads
 from tests.conftest import tiny_model
+from tests.test_eagle import trained  # noqa: F401 (a fixture)
 
 TARGET = tiny_model(seed=0)  # context 32
 STATIC = StaticGPT(TARGET)
@@ -79,7 +80,7 @@ def test_static_caches_have_one_capacity_with_room_for_padding():
         STATIC(torch.tensor([[1, 2]]), STATIC.new_cache(), pos=torch.tensor([31, 32]))
 
 
-def every_method(target, draft):
+def every_method(target, draft, eagle):
     heads = MedusaHeads(target, MedusaConfig(n_heads=3))
     # heads that guess, some right, some wrong: noise on their residual blocks only (on their
     # projections, copies of the target's lm_head, it left every guess wrong)
@@ -91,13 +92,17 @@ def every_method(target, draft):
             "jacobi": make_proposer("jacobi", "4", target),
             "lookahead": make_proposer("lookahead", "3,3,2", target, sizing="fixed"),
             "prompt lookup": make_proposer("prompt-lookup", None, target),
-            "medusa": make_proposer("medusa", "saved", target, heads=(heads, state))}
+            "medusa": make_proposer("medusa", "saved", target, heads=(heads, state)),
+            "eagle chain": make_proposer("eagle", "chain:3", target, eagle_head=eagle),
+            "eagle tree": make_proposer("eagle", "tree:6", target, eagle_head=eagle)}
 
 
-@pytest.mark.parametrize("method", ["draft k=3", "jacobi", "lookahead", "prompt lookup", "medusa"])
-def test_every_method_on_the_static_path_is_token_identical_to_plain(method):
+@pytest.mark.parametrize("method", ["draft k=3", "jacobi", "lookahead", "prompt lookup", "medusa", "eagle chain",
+                                    "eagle tree"])
+def test_every_method_on_the_static_path_is_token_identical_to_plain(method, trained):
     draft = StaticGPT(tiny_model(seed=5, n_layer=1))
-    proposer = every_method(STATIC, draft)[method]
+    head, state, _ = trained  # an EAGLE head trained briefly on TARGET's text (its weights are TARGET's)
+    proposer = every_method(STATIC, draft, (head, state))[method]
     accepted = 0
     for prompt in ([5], [1, 2, 3, 1, 2, 3, 1, 2], list(range(10, 40))):
         plain, _ = generate(TARGET, prompt, 50, Sampling())  # crosses the context window

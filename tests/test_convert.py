@@ -17,6 +17,7 @@ from decode.sampling import Sampling
 from decode.tree import Candidates, pass_mask
 from model import convert
 from model.checkpoint import load_model
+from model.eagle import EagleHead
 from model.medusa import MedusaConfig, MedusaHeads
 from model.tokenizer import Tokenizer, gpt2_byte_alphabet
 from tests.conftest import SHAKESPEARE, run_cli, run_process, tiny_model
@@ -165,8 +166,8 @@ def test_tokenizer_refuses_a_vocabulary_out_of_merge_order(hf_tokenizer, tmp_pat
         Tokenizer.from_files(tmp_path / "vocab.json", folder / "merges.txt")
 
 
-@pytest.mark.parametrize("method, setting", [("draft", ["--k", "3"]), ("lookahead", []),
-                                             ("prompt-lookup", []), ("jacobi", []), ("medusa", [])])
+@pytest.mark.parametrize("method, setting", [("draft", ["--k", "3"]), ("lookahead", []), ("prompt-lookup", []),
+                                             ("jacobi", []), ("medusa", []), ("eagle", ["--eagle", "tree:8"])])
 def test_every_method_on_an_imported_model_says_what_plain_says(imported, tmp_path_factory, method, setting):
     """Greedy, float64, past the 64-token context (the slide). The large GPT-2 drafts for itself: two
     random models agree on next to nothing, and a draft whose every guess is rejected writes plain
@@ -174,9 +175,11 @@ def test_every_method_on_an_imported_model_says_what_plain_says(imported, tmp_pa
     test below)."""
     _, target = imported["large"]
     out_dir = tmp_path_factory.getbasetemp() / "imported-heads"
-    if method == "medusa" and not (out_dir / "medusa.pt").exists():
-        r = run_cli("train.py", "--what", "medusa", "--target", target, "--out-dir", out_dir, "--data", SHAKESPEARE,
-                    "--max-iters", "4", "--batch-size", "4", "--eval-iters", "1", "--medusa-heads", "2")
+    if method in ("medusa", "eagle") and not (out_dir / f"{method}.pt").exists():
+        # a few iterations make Medusa heads that guess right now and then; an EAGLE head needs more
+        heads, iters = (["--medusa-heads", "2"], "4") if method == "medusa" else ([], "60")
+        r = run_cli("train.py", "--what", method, "--target", target, "--out-dir", out_dir, "--data", SHAKESPEARE,
+                    "--max-iters", iters, "--batch-size", "4", "--eval-iters", "1", *heads)
         assert r.returncode == 0, r.stderr
     # the default prompt: from it this random model's text repeats itself enough for every method to
     # have guesses accepted
@@ -248,7 +251,7 @@ def test_bench_profiles_each_size_and_predicts_the_draft(imported, tmp_path):
 
 
 @pytest.mark.parametrize("method, setting", [("draft", "3"), ("lookahead", "5,3,5"), ("prompt-lookup", None),
-                                             ("jacobi", None), ("medusa", "8")])
+                                             ("jacobi", None), ("medusa", "8"), ("eagle", "tree:8")])
 def test_every_method_at_gpt2s_context_length(method, setting):
     """GPT-2's 1,024 positions: a 1,000-token prompt and 100 new tokens cross the slide, greedy."""
     target = tiny_model(seed=0, block_size=1024, vocab_size=96, n_embd=16)
@@ -259,8 +262,9 @@ def test_every_method_at_gpt2s_context_length(method, setting):
             p.add_(torch.randn_like(p) * 0.3)
     prompt = torch.randint(96, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
     prompt[-60:] = prompt[:60]  # a repeat for prompt lookup to find
+    torch.manual_seed(0)  # the EAGLE head's random weights: a few of its guesses hold
     proposer = make_proposer(method, setting, target, draft, (heads, dict(tree=[[0]], accuracies=[[0.5] * 10] * 2)),
-                             sizing="fixed")
+                             sizing="fixed", eagle_head=(EagleHead(target).double(), {}))
     plain, _ = generate(target, prompt, 100, Sampling())
     ours, stats = generate(target, prompt, 100, Sampling(), proposer=proposer)
     assert ours == plain and stats.accepted > 0  # and it did speculate: some guesses were verified and held
@@ -278,7 +282,7 @@ def test_gpt2s_own_vocabulary_agrees_with_tiktoken(tmp_path, monkeypatch):
     try:
         encoding = tiktoken.get_encoding("gpt2")
     except Exception:
-        pytest.skip("tiktoken's GPT-2 encoding is not cached on this machine")
+        pytest.skip("needs the network: tiktoken's GPT-2 encoding is not cached on this machine")
     ranks = encoding._mergeable_ranks
     alphabet = gpt2_byte_alphabet()
 
