@@ -167,6 +167,7 @@ def flawed_verifier(flaw):
 
 
 def residual(p, q):
+    """normalize(max(0, p - q)), written out again for the controls' rule."""
     left = (p - q).clamp_min(0)
     return left / left.sum() if left.sum() > 0 else p
 
@@ -319,8 +320,8 @@ def sampled_counts(setting, tokens, seed, batch_size=1):
 
 
 def target_transitions(sampling):
-    s = sampling
-    return reference_probs(TARGET_TABLE.numpy(), s.temperature, s.top_k, s.top_p)
+    """P (V, V): what sampling the toy target directly draws after each token."""
+    return reference_probs(TARGET_TABLE.numpy(), sampling.temperature, sampling.top_k, sampling.top_p)
 
 
 def sampled_fit(setting, tokens, seed, batch_size=1):
