@@ -86,11 +86,12 @@ def reference_probs(logits, temperature, top_k=None, top_p=1.0):
     return out
 
 
-def transition_counts(outputs, prompts):
-    """N (V, V): N[i, j] counts the written tokens j that followed token i, over every output."""
+def transition_counts(outputs, first):
+    """N (V, V): N[i, j] counts the written tokens j that followed token i, over every output, each
+    written after the token `first`."""
     counts = np.zeros((VOCAB, VOCAB))
-    for prompt, output in zip(prompts, outputs):
-        text = [prompt[-1], *output]
+    for output in outputs:
+        text = [first, *output]
         np.add.at(counts, (text[:-1], text[1:]), 1)
     return counts
 
@@ -252,6 +253,7 @@ class HeldAfterLongPaths:
 # ---- every method, sampled -------------------------------------------------------------------------
 
 TARGET_TABLE, DRAFT_TABLE = random_table(seed=11), random_table(seed=12)
+TOKENS = 4800  # written per test: 100 runs of LENGTH
 LENGTH = 48  # tokens a run writes: past the toy's 24-token window at least once, from any prompt here
 # a prompt that seeds the pool and the lookups with n-grams of every token, so that nearly every
 # round has candidates to judge; a bigram model forgets all but its last token
@@ -261,6 +263,7 @@ SEEDING_PROMPT = (1, 2, 3, 0, 2, 1, 0, 3, 3, 1, 1, 2, 2, 0, 0, 1, 3, 2, 0)
 CHEAP_DRAFT = ([1.0 + 0.1 * n for n in range(9)], 0.1, math.inf)
 CHEAP_PASSES = [1 + 0.05 * n for n in range(64)]
 CHEAP_HEAD = ([1.0 + 0.1 * n for n in range(32)], 0.1, math.inf)
+MEDUSA_TREE = build_tree([[0.5, 0.3, 0.15], [0.4, 0.3], [0.3]], 6)  # [(0,), (1,), (2,), (0,0), (1,0), (0,1)]
 T1 = Sampling(temperature=1.0)
 TRUNCATED = Sampling(temperature=0.7, top_k=3, top_p=0.9)
 
@@ -299,9 +302,6 @@ SETTINGS = {
     "eagle tree, top-k top-p": Setting(lambda: Eagle(ToyEagleHead(DRAFT_TABLE), "tree", 3), TRUNCATED, False),
     "eagle tree auto": Setting(lambda: Eagle(ToyEagleHead(DRAFT_TABLE), "tree", "auto", CHEAP_HEAD), T1, False),
 }
-MEDUSA_TREE = build_tree([[0.5, 0.3, 0.15], [0.4, 0.3], [0.3]], 6)  # [(0,), (1,), (2,), (0,0), (1,0), (0,1)]
-
-
 def sampled_counts(setting, tokens, seed, batch_size=1):
     """Transition counts of at least `tokens` tokens written by runs of LENGTH from setting.prompt,
     each alone (generate) or batch_size runs at a time in one batch (generate_batch)."""
@@ -316,7 +316,7 @@ def sampled_counts(setting, tokens, seed, batch_size=1):
         else:
             outputs += generate_batch(target, prompts, LENGTH, setting.sampling, generator, proposers=proposers,
                                       fallback=setting.make_fallback())[0]
-    return transition_counts(outputs, [setting.prompt] * len(outputs))
+    return transition_counts(outputs, setting.prompt[-1])
 
 
 def target_transitions(sampling):

@@ -19,7 +19,7 @@ import torch
 
 import decode.speculative
 from decode.verify import verify_sampling
-from tests.exactness import SETTINGS, SIGNIFICANCE, flawed_verifier, sampled_fit
+from tests.exactness import SETTINGS, SIGNIFICANCE, TOKENS, flawed_verifier, sampled_fit
 
 
 def chi_square_quantile(df, p_value):
@@ -54,7 +54,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("settings", nargs="*", default=list(SETTINGS))
     parser.add_argument("--seeds", type=int, default=40)
-    parser.add_argument("--tokens", type=int, default=4800)
+    parser.add_argument("--tokens", type=int, default=TOKENS)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--flaws", choices=["all", "none", "only"], default="all",

@@ -8,8 +8,8 @@ from decode.lookahead import lookahead_mask
 from decode.sampling import Sampling
 from decode.tree import Candidates, SideBranch, pass_mask
 from tests.conftest import assert_holds_context
-from tests.test_speculative import PROMPTS, TARGET, RecordingTarget
 from tests.exactness import ToyBigram
+from tests.test_speculative import PROMPTS, TARGET, RecordingTarget
 
 FREE = [1.0] * 64  # r(n) = 1: extra pass tokens cost nothing
 CHEAP = [1 + 0.05 * n for n in range(64)]  # r(n) = 1 + 0.05 (n-1): some pay, some do not
@@ -77,7 +77,7 @@ class ForgetfulJacobi(Jacobi):
         self.guesses = []
 
 
-def rounds(proposer, new_tokens=40, vocab=16):
+def rounds(proposer, new_tokens, vocab=16):
     """(guesses accepted, whether the target corrected one) per round, decoding greedily from a
     prompt of tokens 4..15 with a target that always says 3."""
     table = torch.zeros(vocab, vocab)
@@ -94,13 +94,13 @@ def test_jacobi_refines_its_guesses_to_the_fixed_point():
     iteration reaches it from any guesses: after a round the target corrects, the predictions it
     made past the correction are the next round's first guesses, all of them right. (Past a fully
     accepted block the target predicted nothing: the block is refilled with guesses at random.)"""
-    window = 5
+    window, new_tokens = 5, 40
 
     def refined(proposer):
-        history, written = rounds(proposer), 0
+        history, written = rounds(proposer, new_tokens), 0
         for (accepted, corrected), (next_accepted, _) in zip(history, history[1:]):
             written += accepted + 1
-            if corrected and next_accepted < min(window - 1 - accepted, 40 - written - 1):
+            if corrected and next_accepted < min(window - 1 - accepted, new_tokens - written - 1):
                 return False
         return True
 

@@ -21,8 +21,8 @@ from model.checkpoint import CheckpointError, load_model
 from model.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from model.tokenizer import Tokenizer
 from tests.conftest import assert_holds_context, tiny_model
-from tests.exactness import (MEDUSA_TREE, SIGNIFICANCE, T1, TARGET_TABLE, TRUNCATED, Setting, ToyMedusaHeads,
-                              sampled_fit)
+from tests.exactness import (MEDUSA_TREE, SIGNIFICANCE, T1, TARGET_TABLE, TOKENS, TRUNCATED, Setting,
+                              ToyMedusaHeads, sampled_fit)
 from tests.test_speculative import PROMPTS, RecordingTarget
 from train import HEADS_TRAINING, evaluate_heads, train_heads
 
@@ -284,7 +284,7 @@ def test_typical_acceptance_at_temperature_0_is_greedy():
 @pytest.mark.parametrize("tree, sampling", [("chain", T1), (MEDUSA_TREE, TRUNCATED)], ids=["chain", "tree, top-k top-p"])
 def test_typical_acceptance_changes_the_distribution(tree, sampling):
     typical = Setting(lambda: Medusa(ToyMedusaHeads(TARGET_TABLE, 3), tree, typical=TYPICAL), sampling, sampled=False)
-    assert sampled_fit(typical, 4800, seed=0)[2] < SIGNIFICANCE
+    assert sampled_fit(typical, TOKENS, seed=0)[2] < SIGNIFICANCE
 
 
 def test_typical_rule_at_one_node():

@@ -12,9 +12,9 @@ import torch
 
 from decode.tree import Candidates
 from decode.verify import verify_sampling
-from tests.exactness import (FLAWS, SETTINGS, SIGNIFICANCE, VOCAB, flawed_verifier, sampled_fit, with_flaw)
+from tests.exactness import (FLAWS, SETTINGS, SIGNIFICANCE, TOKENS, VOCAB, flawed_verifier, sampled_fit,
+                              with_flaw)
 
-TOKENS = 4800  # written per test: 100 runs
 SEED = 0
 # The flaws each setting's test is shown to catch: those caught in at least 95% of seeds at TOKENS.
 # A flaw left out of a setting changes too little there to show in TOKENS tokens (its effect size
