@@ -40,8 +40,7 @@ from decode.draft import AUTO_K_MAX, predicted_speedup
 from decode.eagle import head_seconds
 from decode.medusa import heads_seconds
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
-from decode.speculative import PHASES
-from decode.stats import DecodeStats
+from decode.stats import PHASES, DecodeStats
 from model.checkpoint import load_model
 from model.eagle import load_eagle
 from model.medusa import load_medusa

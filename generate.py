@@ -18,7 +18,7 @@ import time
 import torch
 
 import cli
-from decode import Fallback, Plain, generate, generate_batch
+from decode import Fallback, Plain, generate_batch
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from model.eagle import load_eagle
 from model.medusa import load_medusa
@@ -97,65 +97,58 @@ def main(argv=None):
     setting = cli.setting_of(args, args.spec)
     parse_setting(args.spec, setting)  # bad settings are refused before anything is loaded
     prompts = read_prompts(args) if args.batch_size is not None else [read_prompt(args)]
-    prompt = prompts[0]
     sampling, device, dtype, model, tokenizer, _ = cli.setup(args)
-    costs = cli.stored_costs(args, device, dtype)
+    all_ids = encode_prompts(args, tokenizer, prompts, model.config.block_size)
+    model, new_proposer = load_method(args, setting, model, tokenizer, device, dtype)
+    if args.batch_size is not None:
+        return decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, new_proposer)
+    return decode_prompt(args, model, tokenizer, prompts[0], all_ids[0], sampling, device, new_proposer())
+
+
+def encode_prompts(args, tokenizer, prompts, block_size):
     all_ids = [tokenizer.encode(p) for p in prompts]
     for number, ids in enumerate(all_ids, 1):
-        if len(ids) > model.config.block_size:
+        if len(ids) > block_size:
             where = f"prompt {number}" if args.batch_size is not None else "the prompt"
             raise cli.UserError(f"{where} is {len(ids)} tokens, longer than the model's context of "
-                                f"{model.config.block_size}: shorten it")
-    prompt_ids = all_ids[0]
+                                f"{block_size}: shorten it")
+    return all_ids
 
+
+def load_method(args, setting, model, tokenizer, device, dtype):
+    """(the target, compiled if asked, and new_proposer(batch_size) for --spec), loading what it needs."""
+    costs = cli.stored_costs(args, device, dtype)
     draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), model, tokenizer, device, dtype) if args.spec == "medusa" else None
     eagle_head = load_eagle(cli.checkpoint_of(args, "eagle"), model, tokenizer, device, dtype) if args.spec == "eagle" else None
     model = cli.compiled(model, cli.checkpoint_of(args, "target"), args, device, dtype)
     draft = cli.compiled(draft, cli.checkpoint_of(args, "draft"), args, device, dtype)
+
     def new_proposer(batch_size=1):
         return make_proposer(args.spec, setting, model, draft, heads, sizing=args.sizing,
                              pool_from_prompt=args.pool_from_prompt, typical=args.typical, costs=costs,
                              eagle_head=eagle_head, batch_size=batch_size)
+    return model, new_proposer
 
-    if args.batch_size is not None:
-        return decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, new_proposer)
-    proposer = new_proposer()
 
-    if args.compare:  # a first call pays for allocation and cold caches: neither timed run should
-        for warm_up in (proposer, Plain()):
-            generate(model, prompt_ids, 4, sampling, proposer=warm_up)
-
-    def decode(proposer, on_token=None, fallback=None):
-        torch.manual_seed(args.seed)
-        generator = torch.Generator(device).manual_seed(args.seed)
-        return generate(model, prompt_ids, args.max_new_tokens, sampling, generator, on_token, proposer, fallback)
-
-    on_token = None
+def decode_prompt(args, model, tokenizer, prompt, prompt_ids, sampling, device, proposer):
+    """One prompt: the text streamed as it is accepted (or one JSON object), then a summary line."""
+    if args.compare:
+        warm_up(model, [prompt_ids], sampling, [proposer], [Plain()])
+    decoder = tokenizer.stream_decoder()
     if not args.json:
-        decoder = tokenizer.stream_decoder()
-        colours = SOURCE_COLOURS if args.show and sys.stdout.isatty() else {}
         sys.stdout.write(prompt)
-
-        def print_token(token, source):
-            text = decoder.push(token)
-            if text and source in colours:
-                text = f"{colours[source]}{text}{RESET}"
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        on_token = print_token
-
-    new_ids, stats = decode(proposer, on_token, new_fallback(args))
+    (new_ids,), (stats,), _ = decode_all(args, model, [prompt_ids], sampling, device, [proposer], new_fallback(args),
+                                         None if args.json else token_printer(args, decoder))
     text = tokenizer.decode(new_ids)
-    chars_per_s = len(text) / stats.seconds if stats.seconds else 0.0
-    result = dict(text=text, prompt=prompt, spec=args.spec, setting=setting,
+    result = dict(text=text, prompt=prompt, spec=args.spec, setting=cli.setting_of(args, args.spec),
                   lossy=bool(args.spec == "medusa" and args.typical),
                   new_tokens=stats.new_tokens,
                   target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
-                  tokens_per_s=stats.tokens_per_s, chars_per_s=chars_per_s, seconds=stats.seconds,
-                  tau=stats.tau, alpha=stats.alpha, held=stats.held)
+                  tokens_per_s=stats.tokens_per_s, chars_per_s=len(text) / stats.seconds if stats.seconds else 0.0,
+                  seconds=stats.seconds, tau=stats.tau, alpha=stats.alpha, held=stats.held)
     if args.compare:
-        plain_ids, plain_stats = decode(Plain())
+        (plain_ids,), (plain_stats,), _ = decode_all(args, model, [prompt_ids], sampling, device, [Plain()])
         result.update(plain_text=tokenizer.decode(plain_ids), plain_tokens_per_s=plain_stats.tokens_per_s,
                       speedup=stats.tokens_per_s / plain_stats.tokens_per_s,
                       identical_to_plain=(plain_ids == new_ids) if sampling.greedy else None)
@@ -163,6 +156,24 @@ def main(argv=None):
         print(json.dumps(result))
         return 0
     print(decoder.flush())
+    print(summary_line(args, stats, result, sampling), file=sys.stderr)
+    return 0
+
+
+def token_printer(args, decoder):
+    """on_token for streaming: each token's text as soon as it decodes, coloured by source with --show."""
+    colours = SOURCE_COLOURS if args.show and sys.stdout.isatty() else {}
+
+    def print_token(row, token, source):
+        text = decoder.push(token)
+        if text and source in colours:
+            text = f"{colours[source]}{text}{RESET}"
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return print_token
+
+
+def summary_line(args, stats, result, sampling):
     lossy = " (typical acceptance: LOSSY)" if result["lossy"] else ""
     line = (f"[{args.spec}{lossy}] {stats.new_tokens} new tokens | {stats.target_forwards} target forwards | "
             f"tau {stats.tau:.2f}")
@@ -171,15 +182,35 @@ def main(argv=None):
     if stats.draft_forwards:
         line += f" | {stats.draft_forwards} draft forwards"
     line += held_note(stats.held)
-    line += f" | {stats.tokens_per_s:.1f} tokens/s | {chars_per_s:.1f} chars/s"
+    line += f" | {stats.tokens_per_s:.1f} tokens/s | {result['chars_per_s']:.1f} chars/s"
     if args.compare:
         line += f"\n[none] {result['plain_tokens_per_s']:.1f} tokens/s | speedup {result['speedup']:.2f}x"
         if sampling.greedy:
             line += f" | identical to plain: {'yes' if result['identical_to_plain'] else 'NO'}"
     if args.show and sys.stdout.isatty():
         line += "\n(green: accepted draft token, red: the target's correction, blue: the target's bonus token)"
-    print(line, file=sys.stderr)
-    return 0
+    return line
+
+
+def decode_all(args, model, all_ids, sampling, device, proposers, fallback=None, on_token=None):
+    """The prompts in batches of len(proposers), from the seed: (each prompt's new token ids, its
+    DecodeStats, the seconds it all took)."""
+    torch.manual_seed(args.seed)
+    generator = torch.Generator(device).manual_seed(args.seed)
+    outputs, stats, started = [], [], time.perf_counter()
+    for i in range(0, len(all_ids), len(proposers)):
+        batch = all_ids[i:i + len(proposers)]
+        new, batch_stats = generate_batch(model, batch, args.max_new_tokens, sampling, generator, on_token,
+                                          proposers[:len(batch)], fallback)
+        outputs += new
+        stats += batch_stats
+    return outputs, stats, time.perf_counter() - started
+
+
+def warm_up(model, batch, sampling, *proposer_lists):
+    """A first call pays for allocation and cold caches: none of the timed runs should."""
+    for proposers in proposer_lists:
+        generate_batch(model, batch, 4, sampling, proposers=proposers[:len(batch)])
 
 
 def new_fallback(args):
@@ -197,27 +228,13 @@ def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, n
     size = min(args.batch_size, len(prompts))
     proposers = [new_proposer(size) for _ in range(size)]
     plain = [Plain() for _ in range(size)]
-    fallback = new_fallback(args)  # one for all the batches: what it measured carries over
-
-    def decode(rows, fallback=None):
-        torch.manual_seed(args.seed)
-        generator = torch.Generator(device).manual_seed(args.seed)
-        outputs, stats, started = [], [], time.perf_counter()
-        for i in range(0, len(all_ids), size):
-            batch = all_ids[i:i + size]
-            new, batch_stats = generate_batch(model, batch, args.max_new_tokens, sampling, generator,
-                                              proposers=rows[:len(batch)], fallback=fallback)
-            outputs += new
-            stats += batch_stats
-        return outputs, stats, time.perf_counter() - started
-
-    if args.compare:  # a first call pays for allocation and cold caches: neither timed run should
-        for rows in (proposers, plain):
-            generate_batch(model, all_ids[:size], 4, sampling, proposers=rows[:len(all_ids[:size])])
-    outputs, stats, seconds = decode(proposers, fallback)
+    if args.compare:
+        warm_up(model, all_ids[:size], sampling, proposers, plain)
+    # one fallback for all the batches: what it measured carries over
+    outputs, stats, seconds = decode_all(args, model, all_ids, sampling, device, proposers, new_fallback(args))
     total = sum(s.new_tokens for s in stats)
     if args.compare:
-        plain_outputs, _, plain_seconds = decode(plain)
+        plain_outputs, _, plain_seconds = decode_all(args, model, all_ids, sampling, device, plain)
     for number, (prompt, new_ids, s) in enumerate(zip(prompts, outputs, stats)):
         text = tokenizer.decode(new_ids)
         if args.json:

@@ -1,6 +1,28 @@
-"""The figures every decoding method reports."""
+"""What a round did (Round, as the per-round hook sees it) and the figures every method reports."""
 from collections import Counter
 from dataclasses import dataclass, field, fields
+
+from decode.tree import Candidates
+from decode.verify import Verdict
+
+PHASES = ("propose", "pass", "verify", "commit", "update")  # of a round, in order (DecodeStats.phase_seconds)
+
+
+@dataclass
+class Round:
+    """One round of one sequence: what was proposed, what the verifier decided, the tokens it added."""
+    candidates: Candidates
+    verdict: Verdict
+    new: list                 # (token, source) for each token added: "draft", "corrected", "bonus" or "target"
+    width: int = 0            # in a batch: the checked size its pass was padded to (0: not padded)
+    held: bool = False        # a Fallback kept the round plain
+    phase_seconds: dict = field(default_factory=dict)  # by PHASES, where the decoder times them
+
+    @property
+    def checked(self):
+        """The pass's tokens that were checked or carried: the root, the candidates, the side branch."""
+        side = self.candidates.side
+        return 1 + len(self.candidates) + (len(side.tokens) if side else 0)
 
 
 @dataclass
@@ -35,8 +57,16 @@ class DecodeStats:
         """Acceptance rate of the candidates judged; None for a method that proposes nothing."""
         return self.accepted / self.judged if self.judged else None
 
-    def record_depths(self, offered, accepted):
-        """One round: candidates `offered` deep, of which a path of `accepted` was kept."""
+    def record(self, outcome):
+        """Count one Round: the per-round hook every decoder calls."""
+        self.target_forwards += 1
+        self.pass_sizes[outcome.checked] += 1
+        self.pass_widths[outcome.width or outcome.checked] += 1
+        self.judged += outcome.verdict.judged
+        self.accepted += len(outcome.verdict.path)
+        self.held_rounds += outcome.held
+        self.phase_seconds.update(outcome.phase_seconds)
+        offered, accepted = max(outcome.candidates.depths(), default=0), len(outcome.verdict.path)
         for d in range(1, min(offered, accepted + 1) + 1):
             self.depth_judged[d] += 1
             self.depth_accepted[d] += d <= accepted

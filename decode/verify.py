@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from decode.sampling import token_probs
+
 
 @dataclass
 class Verdict:
@@ -81,3 +83,14 @@ def verify_sampling(probs, candidates, generator=None):
         return accept, lambda: int(torch.multinomial(p, 1, generator=generator))
 
     return walk(candidates, rule_at)
+
+
+def verify(logits, candidates, sampling, generator=None, rule=None):
+    """The verdict on one pass: `rule` if the method declares a lossy one of its own (Medusa's
+    typical acceptance), else the exact verifier for the sampling settings. logits: (n+1, vocab)
+    at [root, candidates...]."""
+    if rule:
+        return rule(logits, candidates, sampling, generator)
+    if sampling.greedy:
+        return verify_greedy(logits, candidates)
+    return verify_sampling(token_probs(logits, sampling), candidates, generator)

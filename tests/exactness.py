@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-import decode.speculative
+import decode.verify
 from decode import DraftModel, Eagle, Jacobi, Lookahead, Medusa, PromptLookup, Proposer, generate, generate_batch
 from decode.medusa import build_tree
 from decode.sampling import Sampling, token_probs
@@ -175,7 +175,7 @@ def residual(p, q):
 
 def with_flaw(monkeypatch, flaw):
     """Put the verifier with `flaw` where the decoding loop calls the shared one."""
-    monkeypatch.setattr(decode.speculative, "verify_sampling", flawed_verifier(flaw))
+    monkeypatch.setattr(decode.verify, "verify_sampling", flawed_verifier(flaw))
 
 
 # ---- toy drafters for the bigram target ------------------------------------------------------------
@@ -304,18 +304,19 @@ SETTINGS = {
 }
 def sampled_counts(setting, tokens, seed, batch_size=1):
     """Transition counts of at least `tokens` tokens written by runs of LENGTH from setting.prompt,
-    each alone (generate) or batch_size runs at a time in one batch (generate_batch)."""
+    each alone (generate; generate_batch for a setting with a fallback) or batch_size runs at a time
+    in one batch (generate_batch)."""
     target, generator = ToyBigram(TARGET_TABLE), torch.Generator().manual_seed(seed)
     outputs = []
     while len(outputs) * LENGTH < tokens:
         prompts = [list(setting.prompt)] * batch_size
         proposers = [setting.make_proposer() for _ in prompts]
-        if batch_size == 1:
-            outputs.append(generate(target, prompts[0], LENGTH, setting.sampling, generator, proposer=proposers[0],
-                                    fallback=setting.make_fallback())[0])
+        fallback = setting.make_fallback()
+        if batch_size == 1 and fallback is None:
+            outputs.append(generate(target, prompts[0], LENGTH, setting.sampling, generator, proposer=proposers[0])[0])
         else:
             outputs += generate_batch(target, prompts, LENGTH, setting.sampling, generator, proposers=proposers,
-                                      fallback=setting.make_fallback())[0]
+                                      fallback=fallback)[0]
     return transition_counts(outputs, setting.prompt[-1])
 
 

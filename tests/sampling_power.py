@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import torch
 
-import decode.speculative
+import decode.verify
 from decode.verify import verify_sampling
 from tests.exactness import SETTINGS, SIGNIFICANCE, TOKENS, flawed_verifier, sampled_fit
 
@@ -46,7 +46,7 @@ def noncentral_sf(x, df, noncentrality):
 def one_run(task):
     name, flaw, seed, tokens, batch_size = task
     torch.set_num_threads(1)
-    decode.speculative.verify_sampling = flawed_verifier(flaw) if flaw else verify_sampling
+    decode.verify.verify_sampling = flawed_verifier(flaw) if flaw else verify_sampling
     return task, sampled_fit(SETTINGS[name], tokens, seed, batch_size)
 
 

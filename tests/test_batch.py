@@ -1,12 +1,14 @@
-"""Batched decoding: every row of a batch says exactly what its prompt says alone, for plain decoding
-and every method, with each row's cache a fresh prefill of its own tokens after every round."""
+"""The batch engine (decode/batch.py) against the one-sequence loop (decode/speculative.py): every row
+of a batch says exactly what its prompt says alone, for plain decoding and every method, deciding as
+it would alone, with each row's cache a fresh prefill of its own tokens after every round."""
 import pytest
 import torch
 
 from decode.draft import DraftModel
 from decode.methods import make_proposer
 from decode.sampling import Sampling
-from decode.speculative import generate, generate_batch
+from decode.batch import generate_batch
+from decode.speculative import generate
 from model.eagle import EagleHead
 from tests.conftest import assert_holds_context, assert_matches_prefill, cache_row, tiny_model
 from tests.test_eagle import checking_the_head
@@ -91,8 +93,11 @@ def test_every_row_says_what_its_prompt_says_alone(method, held):
     outputs, stats = generate_batch(target, PROMPTS, 50, Sampling(), proposers=proposers,
                                     fallback=EveryOtherRound() if held else None)
     for prompt, output, row_stats in zip(PROMPTS, outputs, stats):
-        alone, _ = generate(TARGET, prompt, 50, Sampling())
-        assert output == alone
+        alone, alone_stats = generate(TARGET, prompt, 50, Sampling(), proposer=METHODS[method]())
+        assert output == alone == generate(TARGET, prompt, 50, Sampling())[0]
+        if not held:  # the same guesses, accepted alike, in as many rounds
+            assert ((row_stats.judged, row_stats.accepted, row_stats.target_forwards)
+                    == (alone_stats.judged, alone_stats.accepted, alone_stats.target_forwards))
         assert row_stats.new_tokens == 50
         assert (row_stats.held_rounds > 0) == held
         assert (row_stats.judged > 0) == (method != "none")  # every row speculated
@@ -133,8 +138,8 @@ def test_the_draft_steps_all_its_rows_in_one_forward_each_row_guessing_as_it_wou
     outputs, stats = generate_batch(TARGET, PROMPTS, 50, Sampling(), proposers=proposers,
                                     fallback=EveryOtherRound() if held else None)
     for prompt, k, output, row_stats, proposer in zip(PROMPTS, (1, 2, 3, 4), outputs, stats, proposers):
-        alone, alone_stats = generate(TARGET, prompt, 50, Sampling(), proposer=DraftModel(DRAFT, k),
-                                      fallback=EveryOtherRound() if held else None)
+        (alone,), (alone_stats,) = generate_batch(TARGET, [prompt], 50, Sampling(), proposers=[DraftModel(DRAFT, k)],
+                                                  fallback=EveryOtherRound() if held else None)
         assert output == alone
         # the same guesses, accepted alike, in as many rounds
         assert (row_stats.accepted, row_stats.target_forwards) == (alone_stats.accepted, alone_stats.target_forwards)

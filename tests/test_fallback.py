@@ -5,6 +5,7 @@ import itertools
 from decode.fallback import PROBE_GAP, PROBE_SHARE, TRIAL_ROUNDS, Fallback
 from decode.methods import make_proposer
 from decode.sampling import Sampling
+from decode.batch import generate_batch
 from decode.speculative import generate
 from tests.conftest import tiny_model
 
@@ -59,8 +60,8 @@ def test_a_held_method_still_says_what_plain_decoding_says():
     model = tiny_model(block_size=32)
     fallback = Fallback()
     alone, _ = generate(model, [1, 2, 3], 60, Sampling())
-    out, stats = generate(model, [1, 2, 3], 60, Sampling(), proposer=make_proposer("jacobi", "4", model),
-                          fallback=fallback)
+    (out,), (stats,) = generate_batch(model, [[1, 2, 3]], 60, Sampling(), proposers=[make_proposer("jacobi", "4", model)],
+                                      fallback=fallback)
     assert out == alone
     assert fallback.measured[True] >= TRIAL_ROUNDS and fallback.measured[False] >= TRIAL_ROUNDS
     assert stats.held_rounds >= TRIAL_ROUNDS
