@@ -36,10 +36,11 @@ import cli
 from data import read_text, split_text
 from decode import Fallback, Plain, generate_batch
 from decode.cost import cost_curve, forward_seconds, profile_prefix
-from decode.draft import AUTO_K_MAX, predicted_speedup
+from decode.draft import AUTO_K_MAX
 from decode.eagle import head_seconds
 from decode.medusa import heads_seconds
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
+from decode.sizing import predicted_speedup
 from decode.stats import PHASES, DecodeStats
 from model.checkpoint import load_model
 from model.eagle import load_eagle

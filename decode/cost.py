@@ -56,11 +56,11 @@ def median_seconds(run, device, repeats=7):
 
 
 @torch.inference_mode()
-def forward_seconds(model, n, prefix, repeats=7, generator=None, batch_size=1):
+def forward_seconds(model, n, prefix, repeats=7, batch_size=1):
     """Median wall time of one forward with n new tokens (in each of batch_size rows) after `prefix`
-    cached tokens."""
-    cache = _prefilled_cache(model, prefix, n, generator, batch_size)
-    idx = torch.randint(model.config.vocab_size, (batch_size, n), generator=generator).to(cache.k.device)
+    cached tokens (random ones, from torch's global generator)."""
+    cache = _prefilled_cache(model, prefix, n, None, batch_size)
+    idx = torch.randint(model.config.vocab_size, (batch_size, n)).to(cache.k.device)
     return median_seconds(lambda: _time_pass(model, cache, idx, prefix), cache.k.device, repeats)
 
 
@@ -90,9 +90,8 @@ def cost_curve(model, max_n, prefix, repeats=7, tree=False, batch_size=1):
 def nondecreasing_fit(values):
     """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators):
     a size whose median ran high is averaged with the sizes after it, and one that ran low with
-    those before it. A running maximum would instead carry one high median on to every larger size
-    (docs/2026-12-05-epyc-r.md: medians that ran high at 11 and 12 tokens held a curve at 2.97 up
-    to r(22); the next run read 1.81-2.05 there)."""
+    those before it: one noisy median is spread over the sizes around it, not carried on to every
+    larger one (docs/2026-12-05-epyc-r.md)."""
     pools = []  # [mean, count] of runs of neighbours fitted to one value
     for value in values:
         pools.append([value, 1])
@@ -147,9 +146,3 @@ class StoredCosts:
         if stored.pop(self.machine, None) is not None:
             self._write(stored)
 
-
-def extended(r, size):
-    """The cost curve r continued to `size` entries along its average slope: for passes larger
-    than was worth measuring."""
-    slope = (r[-1] - r[0]) / max(1, len(r) - 1)
-    return list(r) + [r[-1] + slope * i for i in range(1, size - len(r) + 1)]

@@ -8,22 +8,17 @@ the tokens it has not seen (the target's correction or bonus token).
 
 How many guesses per round:
   - a fixed k;
-  - "auto": the k that maximises expected tokens per unit of time, E(k) / (r(k+1) + k*c), where
-    E(k) = (1 - alpha^(k+1)) / (1 - alpha) for the running acceptance estimate alpha, r is the
-    target's verify-pass cost curve and c the draft's step cost, both measured on this machine
-    (in a batch: the batch's pass costs, and a draft step of all its rows at once); c is timed alone at
-    first, then rescaled by the proposer's own timing of its steps, which inside the loop run slower
-    than alone (the target's pass has evicted the draft's weights from the cache); k = 0, a plain
-    step, when no k is predicted to beat one (probing now and then, ever more rarely);
+  - "auto": the k that maximises expected tokens per unit of time, from the running acceptance and
+    this machine's measured costs; k = 0, a plain step, when no k pays (decode/sizing.py AutoK);
   - "heuristic": Hugging Face transformers' schedule, k + 2 after a fully accepted round, else k - 1.
 """
 import time
 
 import torch
 
-from decode.cost import cost_curve, forward_seconds, profile_prefix
 from decode.proposer import Proposer
 from decode.sampling import token_probs
+from decode.sizing import AutoK
 from decode.tree import Candidates, padded_pass
 from decode.window import ContextWindow
 from model.kv_cache import RowView
@@ -31,21 +26,6 @@ from model.kv_cache import RowView
 DEFAULT_K = 4               # guesses per round; also where "auto" and "heuristic" start
 MAX_K = 16                  # the largest fixed k
 AUTO_K_MAX = 8              # the most that "auto" and "heuristic" grow to
-ALPHA_PRIOR, PRIOR_WEIGHT = 0.6, 4  # the acceptance assumed before any round is judged
-COST_DECAY = 0.2            # the weight of the latest round in the running cost of a draft step
-# while auto decodes plainly it guesses anyway after 16 rounds, to measure the acceptance and the
-# step cost again, then after twice as many, up to 64: a probe costs a whole round of draft steps
-PROBE_ROUNDS, MAX_PROBE_ROUNDS = 16, 64
-
-
-def expected_tokens(alpha, k):
-    """Expected tokens per round with k guesses, each accepted independently with probability alpha."""
-    return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def predicted_speedup(alpha, k, r, c):
-    """Tokens per unit of time with k guesses, in plain steps: E(k) / (r(k+1) + k*c)."""
-    return expected_tokens(alpha, k) / (r[k] + k * c)
 
 
 def parse_k(value):
@@ -57,19 +37,9 @@ def parse_k(value):
     return int(value), "fixed"
 
 
-def measured_costs(target, draft, batch_size=1):
-    """(r, c, seconds) for "auto": the target's chain-pass cost curve r(1..AUTO_K_MAX+1), the draft's
-    step cost c in target steps and that step's seconds, timed here and now. In a batch of B rows
-    both are the batch's: r its curve, c a draft step of its B rows against a target step of them."""
-    r, target_step = cost_curve(target, AUTO_K_MAX + 1, profile_prefix(target), batch_size=batch_size)
-    seconds = forward_seconds(draft, 1, profile_prefix(draft), batch_size=batch_size)
-    return r, seconds / target_step, seconds
-
-
 class DraftBatch:
     """The draft's KV cache for the rows of a batch, a row each, so that one draft forward serves
-    every row that guesses: row by row, 16 rows paid 16 draft steps per guess (0.74 ms each on the
-    2-core machine of docs/2026-12-05-epyc-l.md, against 1.23 ms for one step of all 16)."""
+    every row that guesses (docs/2026-12-05-epyc-l.md)."""
 
     def __init__(self, draft, members):
         self.draft, self.members = draft, list(members)  # members: the rows' proposers, in cache order
@@ -104,39 +74,22 @@ class DraftBatch:
 
 
 class DraftModel(Proposer):
-    def __init__(self, draft, k=DEFAULT_K, schedule="fixed", target=None, costs=None):
-        """schedule "auto" needs the costs (r, c, seconds) of measured_costs: given, or measured from `target`."""
+    def __init__(self, draft, k=DEFAULT_K, schedule="fixed", costs=None):
+        """schedule "auto" needs this machine's Costs (decode/methods.py measures them)."""
         self.draft = draft
         self.schedule = schedule
         self.k_max = k if schedule == "fixed" else AUTO_K_MAX
         self.k_start = k
         self.max_candidates = self.k_max
-        if schedule == "auto":  # the cost model of the choice
-            self.r, self.bare_c, self.step_seconds = costs or measured_costs(target, draft)
-            self.c = self.bare_c  # corrected as the rounds' steps are timed
+        self.auto = AutoK(costs, AUTO_K_MAX) if schedule == "auto" else None
 
     def start(self, prompt):
         self.batch = None  # the DraftBatch holding this text's row of the draft's cache, from the first guess
         self.forwards = 0
         self.k = self.k_start
         self.k_used = 0  # guesses proposed this round
-        self.accepted = self.judged = 0
-        self.plain_rounds = 0  # since auto last guessed, while it finds that no k pays
-        self.probe_after = PROBE_ROUNDS
-
-    def choose_k(self):
-        if self.schedule != "auto":
-            return self.k
-        alpha = (self.accepted + ALPHA_PRIOR * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
-        k = max(range(1, self.k_max + 1), key=lambda k: predicted_speedup(alpha, k, self.r, self.c))
-        if predicted_speedup(alpha, k, self.r, self.c) > 1:
-            self.plain_rounds, self.probe_after = 0, PROBE_ROUNDS
-            return k
-        self.plain_rounds += 1
-        if self.plain_rounds < self.probe_after:
-            return 0
-        self.plain_rounds, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_ROUNDS)
-        return k
+        if self.auto:
+            self.auto.start()
 
     def propose(self, tokens, max_depth, sampling, generator):
         return self.propose_rows([self], [tokens], [max_depth], sampling, generator)[0]
@@ -154,7 +107,7 @@ class DraftModel(Proposer):
         batch.keep(proposers)
         ks = []
         for b, (p, tokens, max_depth) in enumerate(zip(proposers, texts, max_depths)):
-            k = min(p.choose_k(), max_depth) if max_depth > 0 else 0
+            k = min(p.auto.choose() if p.auto else p.k, max_depth) if max_depth > 0 else 0
             # the draft will hold its window of the text plus k - 1 of its own guesses
             if k and p.context.slide_if_full(len(tokens), ahead=k - 1, row=b):
                 k = min(k, p.draft.config.block_size // 2)
@@ -182,9 +135,8 @@ class DraftModel(Proposer):
             logits = batch.step(going_on)
         steps = max(ks) - 1
         for p, k in zip(proposers, ks):
-            if p.schedule == "auto" and k and steps:  # c as this loop pays it: a step, against one timed alone
-                paid = (time.perf_counter() - started) / steps / p.step_seconds
-                p.c = (1 - COST_DECAY) * p.c + COST_DECAY * p.bare_c * paid
+            if p.auto and k and steps:  # c as this loop pays it
+                p.auto.timed(time.perf_counter() - started, steps)
         return [Candidates.chain(g, torch.stack(d) if d else None) if k else None
                 for g, d, k in zip(guesses, draws, ks)]
 
@@ -194,8 +146,8 @@ class DraftModel(Proposer):
         kept = min(len(verdict.path), self.k_used - 1)  # accepted guesses the draft has already seen
         self.batch.cache.rollback(self.root_length + kept, row=self.batch.row(self))
         self.context.cached += kept
-        self.accepted += len(verdict.path)
-        self.judged += verdict.judged
+        if self.auto:
+            self.auto.record(len(verdict.path), verdict.judged)
         if self.schedule == "heuristic":
             self.k = min(self.k_max, self.k + 2) if len(verdict.path) == self.k_used else max(1, self.k - 1)
         self.k_used = 0

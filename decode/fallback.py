@@ -13,6 +13,7 @@ starts its average afresh: its old figure is stale.
 Only the speed depends on it. A plain round and a speculative one say the same thing (greedy) or
 sample from the same distribution, so falling back never changes an output.
 """
+from decode.sizing import Backoff
 
 TRIAL_ROUNDS = 2          # measured rounds of a mode before it is judged, at the start and in each probe
 PROBE_GAP = 16            # the fewest rounds between probes; a mode resting longer restarts its average
@@ -32,7 +33,8 @@ class Fallback:
         self.last_recorded = {True: None, False: None}
         self.recorded = 0
         self.best = True
-        self.rounds_since_probe, self.seconds_since_probe, self.probe_left = 0, 0.0, 0
+        self.backoff = Backoff(PROBE_GAP + 1, PROBE_GAP + 1)  # a probe after PROBE_GAP rounds at the least
+        self.seconds_since_probe, self.probe_left = 0.0, 0
 
     def rate(self, speculated):
         """Tokens per row per second in the rounds that did (or did not) speculate."""
@@ -47,12 +49,12 @@ class Fallback:
             return not self.best
         best = self.rate(True) >= self.rate(False)
         if best != self.best:
-            self.best, self.rounds_since_probe, self.seconds_since_probe = best, 0, 0.0
-        self.rounds_since_probe += 1
-        if self.rounds_since_probe <= PROBE_GAP or self.probe_loss() > PROBE_SHARE * self.seconds_since_probe:
+            self.best, self.seconds_since_probe = best, 0.0
+            self.backoff.restart()
+        if not self.backoff.count() or self.probe_loss() > PROBE_SHARE * self.seconds_since_probe:
             return best
-        self.rounds_since_probe, self.seconds_since_probe = 0, 0.0
-        self.probe_left = TRIAL_ROUNDS - 1
+        self.backoff.probe()
+        self.seconds_since_probe, self.probe_left = 0.0, TRIAL_ROUNDS - 1
         return not best
 
     def probe_loss(self):

@@ -30,7 +30,7 @@ from decode.tree import Candidates
 from decode.verify import walk
 
 DEFAULT_TREE = "saved"   # the tree chosen at training time from the heads' measured accuracies
-DEFAULT_TREE_SIZE = 4    # candidates in that tree: the fastest measured on a 2-core CPU (docs/)
+DEFAULT_TREE_SIZE = 4    # candidates in that tree (docs/2026-12-02-2core-a.md)
 TYPICAL = (0.09, 0.3)    # typical acceptance's epsilon and delta, as in the Medusa reference code
 
 

@@ -14,10 +14,12 @@ A setting is written the way the command line takes it (`--lookahead 5,3,5`), so
 row and a generation with the same words build the same proposer.
 """
 from dataclasses import dataclass
+from functools import partial
 
 from decode import draft, eagle, jacobi, lookahead, medusa, prompt_lookup
-from decode.cost import StoredCosts
+from decode.cost import StoredCosts, forward_seconds, profile_prefix
 from decode.plain import Plain
+from decode.sizing import Costs, measure
 from model.checkpoint import CheckpointError, load_model
 
 MAX_SIZE = 64        # the most a window, n-gram or match setting may be
@@ -110,14 +112,21 @@ def parse_setting(method, setting):
     return None
 
 
+def _costs(costs, name, target, largest, batch_size, **how):
+    """The Costs called `name` in the StoredCosts `costs`, else measure's now (of passes of up to
+    `largest` tokens, `how` its options). An earlier version stored a lookahead curve r alone."""
+    stored = costs.get(name, lambda: measure(target, largest, batch_size, **how))
+    return Costs(*stored) if isinstance(stored[0], list) else Costs(stored)
+
+
 def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=lookahead.SIZING,
                   pool_from_prompt=False, typical=False, costs=None, eagle_head=None, batch_size=1):
     """The proposer of `method` with `setting` (parse_setting's input; None = the default).
     draft_model: the draft GPT, for "draft"; heads: (MedusaHeads, their checkpoint dict), for
-    "medusa"; eagle_head: (EagleHead, its checkpoint dict), for "eagle". sizing and pool_from_prompt are lookahead's options, typical Medusa's. costs: the
-    StoredCosts that the methods which size themselves to the machine read their costs from (by
-    default they are measured now); batch_size: the batch the proposer's row decodes in, whose
-    costs size it."""
+    "medusa"; eagle_head: (EagleHead, its checkpoint dict), for "eagle". sizing and
+    pool_from_prompt are lookahead's options, typical Medusa's. costs: the StoredCosts that the
+    methods which size themselves to the machine read their Costs from (by default they are
+    measured now); batch_size: the batch the proposer's row decodes in, whose costs size it."""
     value = parse_setting(method, METHODS[method].default if setting is None else setting)
     costs = costs or StoredCosts()
     batch = f" batch {batch_size}" if batch_size > 1 else ""
@@ -125,21 +134,26 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
         return Plain()
     if method == "draft":
         k, schedule = value
-        measured = (costs.get("draft" + batch, lambda: draft.measured_costs(target, draft_model, batch_size))
-                    if schedule == "auto" else None)
+        step = partial(forward_seconds, draft_model, 1, profile_prefix(draft_model), batch_size=batch_size)
+        measured = (_costs(costs, "draft" + batch, target, draft.AUTO_K_MAX + 1, batch_size, drafter=step)
+                    if schedule == "auto" else None)  # chain passes, and a draft step of all rows at once
         return draft.DraftModel(draft_model, k, schedule, costs=measured)
     if method == "jacobi":
         return jacobi.Jacobi(value)
     if method == "lookahead":
-        cost = (costs.get("lookahead " + ",".join(map(str, value)) + batch,
-                          lambda: lookahead.measured_cost(target, *value, batch_size)) if sizing == "auto" else None)
-        return lookahead.Lookahead(*value, pool_from_prompt=pool_from_prompt, cost=cost)
+        window, ngram_size, max_ngrams = value  # the largest pass: the window and G n-grams, N-1 deep
+        measured = (_costs(costs, "lookahead " + ",".join(map(str, value)) + batch, target,
+                           (window + max_ngrams) * (ngram_size - 1) + 1, batch_size, tree=True, repeats=5)
+                    if sizing == "auto" else None)
+        return lookahead.Lookahead(*value, pool_from_prompt=pool_from_prompt, costs=measured)
     if method == "prompt-lookup":
         return prompt_lookup.PromptLookup(*value)
     if method == "eagle":
         shape, size = value
         head, state = eagle_head
-        measured = (costs.get("eagle" + batch, lambda: eagle.measured_costs(target, head, batch_size))
+        forward = partial(eagle.head_seconds, head, target.config.vocab_size, profile_prefix(target))
+        measured = (_costs(costs, "eagle" + batch, target, eagle.MAX_AUTO_NODES + 1, batch_size, tree=True,
+                           drafter=forward, drafters_per_step=batch_size)  # a head forward per row
                     if size == "auto" else None)
         return eagle.Eagle(head, shape, size, costs=measured, ranks=state.get("ranks"))
     module, state = heads

@@ -72,8 +72,7 @@ class Candidates:
 
 
 def _verify_mask(parents, tail):
-    # numpy, not torch: a row copy costs ~1 us here against ~10 us for a torch indexing op, which
-    # for a 32-node tree would be a fifth of a target step on a CPU
+    # numpy, not torch (docs/2026-12-06-epyc-t.md)
     n = len(parents)
     mask = np.tri(tail + n, dtype=bool)
     mask[tail:, tail:] = False

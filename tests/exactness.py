@@ -31,6 +31,7 @@ import decode.verify
 from decode import DraftModel, Eagle, Jacobi, Lookahead, Medusa, PromptLookup, Proposer, generate, generate_batch
 from decode.medusa import build_tree
 from decode.sampling import Sampling, token_probs
+from decode.sizing import Costs
 from decode.tree import Candidates
 from decode.verify import walk
 from model.kv_cache import KVCache
@@ -292,7 +293,7 @@ SETTINGS = {
     "tree of draws and guesses": Setting(lambda: ToyTree(DRAFT_TABLE), Sampling(temperature=1.2), True),
     "jacobi": Setting(lambda: Jacobi(4), T1, False),
     "lookahead": Setting(lambda: Lookahead(2, 3, 3, pool_from_prompt=True), T1, False, SEEDING_PROMPT),
-    "lookahead sized": Setting(lambda: Lookahead(2, 3, 3, pool_from_prompt=True, cost=CHEAP_PASSES), T1, False,
+    "lookahead sized": Setting(lambda: Lookahead(2, 3, 3, pool_from_prompt=True, costs=Costs(CHEAP_PASSES)), T1, False,
                                SEEDING_PROMPT),
     "prompt lookup": Setting(lambda: PromptLookup(2, 3, 2), T1, False, SEEDING_PROMPT),
     "medusa chain": Setting(lambda: Medusa(ToyMedusaHeads(TARGET_TABLE, 3), "chain"), T1, False),

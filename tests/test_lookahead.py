@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from decode import Jacobi, Lookahead, PromptLookup, generate
-from decode.lookahead import ReachTally
 from decode.lookahead import lookahead_mask
 from decode.sampling import Sampling
+from decode.sizing import Costs, ReachTally
 from decode.tree import Candidates, SideBranch, pass_mask
 from tests.conftest import assert_holds_context
 from tests.exactness import ToyBigram
@@ -21,8 +21,8 @@ METHODS = {
     "lookahead 2,2,2": lambda model: Lookahead(2, 2, 2),
     "lookahead 4,3,3": lambda model: Lookahead(4, 3, 3),
     "lookahead 5,4,5 pool-from-prompt": lambda model: Lookahead(5, 4, 5, pool_from_prompt=True),
-    "lookahead sized 4,3,3 cheap": lambda model: Lookahead(4, 3, 3, cost=CHEAP),
-    "lookahead sized 4,3,3 costly": lambda model: Lookahead(4, 3, 3, cost=COSTLY),
+    "lookahead sized 4,3,3 cheap": lambda model: Lookahead(4, 3, 3, costs=Costs(CHEAP)),
+    "lookahead sized 4,3,3 costly": lambda model: Lookahead(4, 3, 3, costs=Costs(COSTLY)),
     "prompt-lookup": lambda model: PromptLookup(),
     "prompt-lookup 2,3,1": lambda model: PromptLookup(2, 3, 1),
 }
@@ -117,8 +117,8 @@ def pass_sizes(proposer, prompt, new_tokens=60):
 def test_sizing_keeps_what_pays_and_drops_what_does_not():
     prompt = [1, 2, 3, 4, 5, 6, 7]
     # free tokens: everything that may earn anything rides along, which is the paper's fixed sizes
-    assert pass_sizes(Lookahead(4, 3, 3, cost=FREE), prompt) == pass_sizes(Lookahead(4, 3, 3), prompt)
-    costly = pass_sizes(Lookahead(4, 3, 3, cost=COSTLY), prompt)
+    assert pass_sizes(Lookahead(4, 3, 3, costs=Costs(FREE)), prompt) == pass_sizes(Lookahead(4, 3, 3), prompt)
+    costly = pass_sizes(Lookahead(4, 3, 3, costs=Costs(COSTLY)), prompt)
     # a pass of n tokens costing n steps never pays: plain steps but for ever rarer probes
     probes = sum(c for n, c in costly.items() if n > 1)
     assert 2 <= probes <= 5 and costly[1] >= 40
