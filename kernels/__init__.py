@@ -1,17 +1,18 @@
 """Attention kernels. The model calls only `attention`, so a faster kernel plugs in here.
 
-Backends: "torch" (kernels/reference.py, PyTorch's scaled_dot_product_attention with an explicit
-mask) and "triton" (kernels/triton_attention.py, one FlashAttention-2-style kernel). "auto" takes
-the reference everywhere: on an H200, SDPA ran every decode and verify shape measured 2-9x faster
-than the kernel, which spends ~0.3 ms per call whatever its size (docs/2026-12-04-h200.md). Triton
-is imported only when first used, so the project runs where it is not installed (Linux wheels only).
+kernels/reference.py states what every backend computes, written from the definition. Backends:
+"torch" (below: PyTorch's scaled_dot_product_attention, SDPA) and "triton"
+(kernels/triton_attention.py, one FlashAttention-2-style kernel). "auto" takes torch everywhere
+(docs/2026-12-04-h200.md). Triton is imported only when first used, so the project runs where it is
+not installed (Linux wheels only).
 """
 import importlib.util
 import os
 
 import torch
+import torch.nn.functional as F
 
-from kernels.reference import keys_mask, reference_attention
+from kernels.reference import check_shapes, keys_mask, masked_attention, reference_attention
 
 BACKENDS = ("auto", "triton", "torch")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -37,15 +38,14 @@ def set_backend(name):
 
 
 def attention(q, k, v, mask=None, lengths=None, backend=None):
-    """Attention of n new queries over P cached + n new keys; see kernels/reference.py for the contract.
-    q: (B, H, n, D); k, v: (B, H, P+n, D); mask: None (causal), bool (n, n) or (B, n, n) among the new
-    positions, or bool (n, P+n) over every key; lengths: None or (B,), each row's own prefix length.
-    Returns (B, H, n, D)."""
+    """reference_attention (kernels/reference.py: shapes, masks, lengths) by the chosen backend.
+    A bool (n, P+n) mask over every key is the static path's (model/compiled.py reads its cache whole):
+    whole_cache_attention serves it whatever the backend, as the Triton kernel reads (n, n) masks only."""
+    if mask is not None and mask.size(-1) == k.size(-2) != q.size(-2):
+        return whole_cache_attention(q, k, v, mask)
     backend = backend or _backend
-    if mask is not None and mask.size(-1) != q.size(-2):
-        backend = "torch"  # a mask over every key is the static-shape path's, which the reference serves
     if backend in ("auto", "torch"):
-        return reference_attention(q, k, v, mask, lengths)
+        return sdpa_attention(q, k, v, mask, lengths)
     if backend != "triton":
         raise ValueError(f"unknown attention backend {backend!r}; backends: {', '.join(BACKENDS)}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -54,4 +54,53 @@ def attention(q, k, v, mask=None, lengths=None, backend=None):
     return triton_attention(q, k, v, mask, lengths)
 
 
-__all__ = ["attention", "keys_mask", "reference_attention", "set_backend", "triton_installed", "triton_usable", "BACKENDS"]
+def sdpa_attention(q, k, v, mask=None, lengths=None):
+    """The "torch" backend: reference_attention by SDPA. Training and prefill take its fused causal
+    path, a decode step needs no mask at all, and rows of different lengths share one mask a pass."""
+    check_shapes(q, k, v, mask)
+    n, total = q.size(-2), k.size(-2)
+    prefix = total - n
+    if lengths is not None or (mask is not None and mask.dim() == 3):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_pass_mask(q, lengths, mask, total, prefix))
+    if mask is None and n == 1:  # a lone query sees every key
+        return F.scaled_dot_product_attention(q, k, v)
+    if mask is None and prefix == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    seen = torch.ones(n, total, dtype=torch.bool, device=q.device)  # (n, P+n): the prefix, then the mask
+    if mask is None:
+        seen = seen.tril(prefix)  # query i sees keys 0..P+i
+    else:
+        seen[:, prefix:] = mask
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=seen)
+
+
+def whole_cache_attention(q, k, v, mask):
+    """The static path's attention: its cache is read whole, so `mask`, bool (n, T) over every key,
+    says which keys count. A lone query (the decode step) is written out: compiled, it fuses into the
+    pass's own code, where SDPA stays an external call (docs/2026-12-03-epyc-f.md)."""
+    if q.size(-2) == 1:
+        return masked_attention(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+_last_pass = (None, None, None)  # the lengths and mask tensors of the last pass, its additive mask
+
+
+def _pass_mask(q, lengths, mask, total, prefix):
+    """The additive float mask (B, 1, n, P+n) of a pass whose rows hold different lengths or masks.
+    Every layer of a pass asks for the same one, from the same lengths and mask tensors (built for the
+    pass, never changed): the first layer builds it, the others reuse it (docs/2026-12-05-epyc-l.md)."""
+    global _last_pass
+    last_lengths, last_mask, built = _last_pass
+    shape = (q.size(0), 1, q.size(-2), total)
+    if (last_lengths is not lengths or last_mask is not mask or built is None or built.shape != shape
+            or built.dtype != q.dtype or built.device != q.device):
+        rows = lengths if lengths is not None else torch.full((q.size(0),), prefix, device=q.device)
+        seen = keys_mask(rows, mask, total, q.size(-2))[:, None]  # (B, 1, n, P+n)
+        built = torch.zeros(shape, dtype=q.dtype, device=q.device).masked_fill_(~seen, float("-inf"))
+        _last_pass = (lengths, mask, built)
+    return built
+
+
+__all__ = ["attention", "keys_mask", "reference_attention", "sdpa_attention", "set_backend", "triton_installed",
+           "triton_usable", "BACKENDS"]

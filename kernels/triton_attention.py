@@ -130,12 +130,6 @@ def _attention_kernel(
     tl.store(Lse + (pid_bh * tl.num_programs(2) + pid_s) * N_NEW + rows, lse, mask=row_ok)
 
 
-def _configs():
-    return [triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn), num_warps=w, num_stages=s)
-            for bm in (16, 64, 128) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3)
-            if not (bm == 16 and w == 8)]
-
-
 def _fitting_configs(configs, named_args, **kwargs):
     """Tiles no larger than the pass needs: a decode step (n = 1) tries only 16-row query tiles, so
     tuning a new shape compiles and times a handful of variants instead of all of them."""
@@ -152,7 +146,9 @@ def _quick_bench(kernel_call, quantiles):
 # Tuned per power-of-two bucket of queries and keys, not per exact length: decoding meets a new
 # prefix length at every step, and re-tuning each time would cost far more than it gains. The
 # timings are kept on disk (triton's cache), so a later process does not tune the same bucket again.
-_tuned_kernel = triton.autotune(configs=_configs(), key=["TUNE_N", "TUNE_KEYS", "HEAD_DIM", "CAUSAL"],
+_CONFIGS = [triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn), num_warps=w, num_stages=s) for bm in (16, 64, 128)
+            for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3) if not (bm == 16 and w == 8)]
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["TUNE_N", "TUNE_KEYS", "HEAD_DIM", "CAUSAL"],
                                 prune_configs_by=dict(early_config_prune=_fitting_configs),
                                 do_bench=_quick_bench, cache_results=True)(_attention_kernel)
 
@@ -180,10 +176,7 @@ def triton_attention(q, k, v, mask=None, lengths=None, num_splits=None, block_m=
     block_m / block_n fix the tile sizes (the interpreter; the GPU autotunes)."""
     B, H, n, D = q.shape
     total = k.size(2)
-    if lengths is None:
-        lengths = torch.full((B,), total - n, dtype=torch.int32, device=q.device)
-    else:
-        lengths = lengths.to(device=q.device, dtype=torch.int32)
+    lengths = (torch.full((B,), total - n) if lengths is None else lengths).to(device=q.device, dtype=torch.int32)
     autotune = q.device.type == "cuda" and block_m is None
     if block_m is None and not autotune:  # the interpreter: small tiles, many of them
         block_m, block_n = 16, 16

@@ -10,18 +10,18 @@ tokens after a committed prefix of P tokens, and both vary, so:
     then the pass's own n x n mask (causal, or the tree's), nothing else. P is a tensor in the
     graph, so one compiled graph serves every prefix length;
   - the new K/V are written with index_copy_ at the tensor positions P .. P+b-1.
-Inside runs the model's own forward, the eager reference, handed a cache view that writes at tensor
-positions and a mask over every key: there is one model, compiled or not. Passes larger than the
-largest bucket (a long prompt's prefill) run eagerly.
+Inside runs the model's own forward, handed a cache view that writes at tensor positions and a mask
+over every key (kernels.attention serves it): there is one model, compiled or not. Passes larger
+than the largest bucket (a long prompt's prefill) run eagerly.
 
 Each bucket is compiled ahead of time with AOTInductor into a package on disk (weights frozen in as
 constants, GEMMs autotuned), built on its first use and loaded in a moment afterwards. In-process
 torch.compile builds the same kernels, but its on-disk cache refuses graphs holding the CPU's
-prepacked weights, so it would compile every bucket again in every run (10-15 s each here).
+prepacked weights, so it would compile every bucket again in every run (docs/2026-12-03-epyc-e.md).
 Each package holds its own frozen copy of the weights, and its name carries a hash of the code it
 was compiled from, so a change to the model makes new packages instead of loading stale ones.
 Without a package folder the static pass runs eagerly: slower than the plain model, but it checks
-the padding, masking and writing above against the reference.
+the padding, masking and writing above.
 """
 import contextlib
 import hashlib
@@ -36,6 +36,7 @@ import torch.nn as nn
 import kernels
 from kernels import reference
 from model import gpt
+from model.kv_cache import Cache, KVCache
 
 # dense where the methods' passes are (a draft's k + 1, small trees), sparse beyond: a pass pays for
 # its padding, and every bucket costs a compile
@@ -45,12 +46,16 @@ COMPILE_OPTIONS = {"freezing": True, "max_autotune": True}
 GEMM_BACKENDS = {"cpu": "CPP,ATEN", "cuda": "TRITON,ATEN"}
 
 
-class _StaticCacheView:
-    """What GPT.forward asks of a cache, for a static pass: store the new K/V at tensor positions
-    and attend over the whole cache (the mask says which slots count)."""
+class _StaticCacheView(Cache):
+    """The cache as a static pass hands it to GPT.forward: written at tensor positions, read whole."""
 
-    def __init__(self, k, v, slots):
-        self.k, self.v, self.slots = k, v, slots  # k, v: (L, B, nh, capacity, hs); slots: (b,)
+    def __init__(self, k, v, prefix, b):
+        self.k, self.v, self.prefix = k, v, prefix  # k, v: (L, B, nh, capacity, hs); prefix: 0-d tensor
+        self.slots = prefix + torch.arange(b, device=k.device)  # (b,)
+
+    @property
+    def length(self):
+        return self.prefix
 
     def write(self, layer, k_new, v_new):
         self.k[layer].index_copy_(2, self.slots, k_new)
@@ -72,9 +77,8 @@ class StaticPass(nn.Module):
         """idx (1, b), pos (b,); prefix: 0-d tensor, the committed length; inner: bool (b, b), who
         sees whom among the new tokens; k, v: the cache's tensors, written in place.
         Returns logits (1, b, vocab) and final hidden states (1, b, C)."""
-        mask = kernels.keys_mask(prefix, inner, k.size(3))  # (b, capacity)
-        slots = prefix + torch.arange(idx.size(1), device=idx.device)
-        return self.model(idx, _StaticCacheView(k, v, slots), pos=pos, mask=mask, return_hidden=True)
+        mask = kernels.keys_mask(prefix, inner, k.size(3))  # (b, capacity): over every key
+        return self.model(idx, _StaticCacheView(k, v, prefix, idx.size(1)), pos=pos, mask=mask, return_hidden=True)
 
 
 class StaticGPT:
@@ -95,23 +99,21 @@ class StaticGPT:
         self._causal = {b: torch.ones(b, b, dtype=torch.bool, device=device).tril() for b in buckets}
         self._eye = {b: torch.eye(b, dtype=torch.bool, device=device) for b in buckets}
 
-    def new_cache(self, batch_size=1, scratch=0):
+    def new_cache(self, scratch, batch_size=1):
         # one capacity for every method, so that each bucket is compiled once, with room for the padding
-        return self.model.new_cache(batch_size, max(scratch, self.buckets[-1]))
+        return self.model.new_cache(max(scratch, self.buckets[-1]), batch_size)
 
     @torch.inference_mode()
     def __call__(self, idx, cache=None, pos=None, mask=None, return_hidden=False):
         B, n = idx.size()
         bucket = next((b for b in self.buckets if b >= n), None)
-        if cache is None or bucket is None or B != 1 or cache.k.size(1) != 1:  # one row, the whole cache's
+        if cache is None or bucket is None or B != 1 or not isinstance(cache, KVCache):  # a whole one-row cache
             return self.model(idx, cache, pos=pos, mask=mask, return_hidden=return_hidden)
         prefix = cache.length
         if pos is None:
             pos = torch.arange(prefix, prefix + n, device=idx.device)
         self.model.check_positions(pos)
-        if prefix + bucket > cache.capacity:
-            raise RuntimeError(f"KV cache overflow: {prefix} committed + a pass padded to {bucket} > "
-                               f"capacity {cache.capacity}")
+        cache.end_of_pass(bucket)  # room for the padding too, or an overflow error
         if mask is None:
             inner = self._causal[bucket]
         else:
@@ -123,26 +125,23 @@ class StaticGPT:
         if bucket not in self.passes:
             self.passes[bucket] = self._load_or_compile(bucket, args)
         logits, hidden = self.passes[bucket](*args)
-        cache.pending = n
+        cache.wrote(n)  # the real entries: a commit never keeps the padding
         logits, hidden = logits[:, :n], hidden[:, :n]
         return (logits, hidden) if return_hidden else logits
 
     def prepare(self):
         """Load or compile every bucket a pass can use now, rather than on first use (a benchmark
         must not time a compile)."""
-        cache = self.new_cache()
+        cache = self.new_cache(scratch=0)
         for bucket in self.buckets:
             if bucket <= self.config.block_size:  # no pass is longer than the context
                 self(torch.zeros(1, bucket, dtype=torch.long, device=cache.k.device), cache)
                 cache.rollback(0)
 
-    def package_path(self, bucket, capacity):
-        return os.path.join(self.package_dir, f"pass{bucket}-capacity{capacity}-code{code_fingerprint()}.pt2")
-
     def _load_or_compile(self, bucket, args):
         if self.package_dir is None:
             return self.static_pass
-        path = self.package_path(bucket, args[-1].size(3))
+        path = os.path.join(self.package_dir, f"pass{bucket}-capacity{args[-1].size(3)}-code{code_fingerprint()}.pt2")
         if not os.path.exists(path):
             if self.on_compile:
                 self.on_compile(bucket, None)

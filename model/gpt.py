@@ -31,9 +31,7 @@ class GPTConfig:
 # Model shapes only; the vocabulary comes from the tokenizer, training settings live in train.py.
 PRESETS = {
     "tiny": dict(block_size=64, n_layer=2, n_head=2, n_embd=32),  # tests
-    # dropout 0.1: val 1.5136 nats/char after 1,200 iterations, against 1.5259 at best (iteration
-    # 1,100) without, on tiny Shakespeare; the run without stops improving at 900 (docs/2026-12-05-epyc-m.md)
-    "cpu": dict(block_size=128, n_layer=4, n_head=4, n_embd=256, dropout=0.1),
+    "cpu": dict(block_size=128, n_layer=4, n_head=4, n_embd=256, dropout=0.1),  # docs/2026-12-05-epyc-m.md
     "gpu": dict(block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),  # nanoGPT shakespeare-char
     "draft": dict(block_size=128, n_layer=1, n_head=2, n_embd=128),  # ~12x fewer parameters than cpu
 }
@@ -117,7 +115,7 @@ class GPT(nn.Module):
         """Parameters without the position embeddings, as nanoGPT counts them."""
         return sum(p.numel() for p in self.parameters()) - self.transformer.wpe.weight.numel()
 
-    def new_cache(self, batch_size=1, scratch=256):
+    def new_cache(self, scratch, batch_size=1):
         """A KV cache for a full context plus `scratch` speculative entries beyond it."""
         c = self.config
         p = self.lm_head.weight
@@ -134,10 +132,12 @@ class GPT(nn.Module):
     def forward(self, idx, cache=None, pos=None, mask=None, return_hidden=False):
         """Logits (B, n, vocab) for n new tokens idx (B, n).
 
-        cache: the committed prefix (length P, or P_b for batch row b) the new tokens follow; their
-            K/V are written to its scratch space and stay there until `cache.commit` keeps them.
+        cache: a model.kv_cache.Cache, the committed prefix (length P, or P_b for batch row b) the new
+            tokens follow; their K/V stay in its scratch space until the KVCache's commit keeps them.
         pos: position ids (n,) or (B, n); default P, P+1, ..., P+n-1.
-        mask: bool (n, n) or (B, n, n), True = may attend, among the new tokens; default causal.
+        mask: True = may attend. None: causal among the new tokens. Bool (n, n), or (B, n, n) one per
+            row: among the new tokens (a verify pass's tree), the prefix seen whole. Bool (n, T) over
+            all T keys cache.write returns: model/compiled.py's static pass, which reads its cache whole.
         return_hidden: also return the final hidden states (B, n, n_embd), after ln_f.
         """
         B, n = idx.size()

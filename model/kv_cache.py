@@ -19,16 +19,10 @@ right after that row's own prefix, and commit takes a list of entries to keep pe
 import torch
 
 
-class KVCache:
-    def __init__(self, n_layer, batch_size, n_head, head_dim, capacity, dtype=torch.float32, device="cpu"):
-        shape = (n_layer, batch_size, n_head, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, capacity, hs)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.capacity = capacity
-        self.lengths = [0] * batch_size  # committed entries of each batch row, in every layer
-        self.pending = 0  # scratch entries written by the last forward (in every row), waiting for commit
-        self._row_lengths = None  # self.lengths as a tensor, while the rows differ
-        self._row_slots = None  # where a pass writes in each row, while the rows differ
+class Cache:
+    """What a forward (GPT.forward, EagleHead.forward) asks of a cache. KVCache is the cache itself;
+    RowView hands a forward some of its rows, model/compiled.py's static view the whole at tensor
+    positions. What a forward writes stays scratch until KVCache.commit keeps it: views never commit."""
 
     @property
     def length(self):
@@ -44,37 +38,14 @@ class KVCache:
     def row_lengths(self):
         """Each row's committed length as a (B,) tensor when the rows differ, else None: attention
         then has to be told where each row's own keys end (kernels.attention's `lengths`)."""
-        if self._row_lengths is None and self.ragged:
-            self._row_lengths = torch.tensor(self.lengths, device=self.k.device)
-        return self._row_lengths
+        raise NotImplementedError
 
     def write(self, layer, k_new, v_new):
-        """Store a forward's n new entries (B, nh, n, hs) as scratch for `layer`, each row's right
-        after its committed prefix. Returns the keys and values up to the longest row's last new
-        entry: (B, nh, max(lengths) + n, hs)."""
-        n = k_new.size(2)
-        end = self._end(n)
-        if self.row_lengths() is None:
-            start = self.lengths[0]
-            self.k[layer, :, :, start:end] = k_new
-            self.v[layer, :, :, start:end] = v_new
-        else:
-            slots = self.slots_after_rows(k_new.shape)
-            self.k[layer].scatter_(2, slots, k_new)
-            self.v[layer].scatter_(2, slots, v_new)
-        self.pending = n
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        """Store a forward's n new entries (B, nh, n, hs) as scratch for `layer`, each row's right after
+        its committed prefix. Returns the keys and values the new queries attend over: (B, nh, T, hs)."""
+        raise NotImplementedError
 
-    def slots_after_rows(self, shape):
-        """The slots of a pass's new entries (B, nh, n, hs) while the rows differ, each row's right
-        after its own prefix: an index for scatter_ (half the time of indexed assignment), built
-        once and used by every layer of the pass."""
-        if self._row_slots is None or self._row_slots.shape != shape:
-            slots = self._row_lengths[:, None] + torch.arange(shape[2], device=self.k.device)  # (B, n)
-            self._row_slots = slots[:, None, :, None].expand(shape)
-        return self._row_slots
-
-    def _end(self, n):
+    def end_of_pass(self, n):
         """The slot after the longest row's n new entries, if the cache has room for them."""
         end = max(self.lengths) + n
         if end > self.capacity:
@@ -82,20 +53,56 @@ class KVCache:
                 f"KV cache overflow: {max(self.lengths)} committed + {n} new entries > capacity {self.capacity}")
         return end
 
+
+class KVCache(Cache):
+    def __init__(self, n_layer, batch_size, n_head, head_dim, capacity, dtype=torch.float32, device="cpu"):
+        shape = (n_layer, batch_size, n_head, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, capacity, hs)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.lengths = [0] * batch_size  # committed entries of each batch row, in every layer
+        self.pending = 0  # scratch entries after each row's prefix since the last commit or rollback
+        self._row_lengths = None  # self.lengths as a tensor, while the rows differ
+        self._row_slots = None  # where a pass writes in each row, while the rows differ
+
+    def row_lengths(self):
+        if self._row_lengths is None and self.ragged:
+            self._row_lengths = torch.tensor(self.lengths, device=self.k.device)
+        return self._row_lengths
+
+    def write(self, layer, k_new, v_new):
+        n = k_new.size(2)
+        end = self.end_of_pass(n)
+        if self.row_lengths() is None:
+            start = self.lengths[0]
+            self.k[layer, :, :, start:end] = k_new
+            self.v[layer, :, :, start:end] = v_new
+        else:  # scatter_ (half the time of indexed assignment) by slots built for the pass's first layer
+            if self._row_slots is None or self._row_slots.shape != k_new.shape:
+                slots = self._row_lengths[:, None] + torch.arange(n, device=self.k.device)  # (B, n)
+                self._row_slots = slots[:, None, :, None].expand(k_new.shape)  # (B, nh, n, hs)
+            self.k[layer].scatter_(2, self._row_slots, k_new)
+            self.v[layer].scatter_(2, self._row_slots, v_new)
+        self.wrote(n)
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, max(lengths) + n, hs)
+
+    def wrote(self, n):
+        """n scratch entries were written after each row's prefix (by write, a static pass, row views):
+        until the next commit or rollback, the widest write is what `commit` may keep."""
+        self.pending = max(self.pending, n)
+
     def commit(self, keep=None):
         """Append the scratch entries `keep` (indices 0..pending-1, in the order given) to the
         committed prefix and drop the rest. keep=None keeps everything the last forward wrote; a
         list of indices applies to every row; a list of B such lists gives each row its own."""
         if keep is None:
             keep = list(range(self.pending))
-        if keep and isinstance(keep[0], list):
-            if len(keep) != len(self.lengths):
-                raise ValueError(f"commit: {len(keep)} lists of entries for {len(self.lengths)} batch rows")
-            for row, row_keep in enumerate(keep):
-                self._keep(row_keep, row)
-        elif self.ragged:
+        per_row = bool(keep) and isinstance(keep[0], list)
+        if per_row and len(keep) != len(self.lengths):
+            raise ValueError(f"commit: {len(keep)} lists of entries for {len(self.lengths)} batch rows")
+        if per_row or self.ragged:
             for row in range(len(self.lengths)):
-                self._keep(keep, row)
+                self._keep(keep[row] if per_row else keep, row)
         else:
             self._keep(keep)
         self.pending = 0
@@ -135,28 +142,26 @@ class KVCache:
         self._row_lengths = self._row_slots = None
 
 
-class RowView(KVCache):
-    """Some rows of a cache, for a forward over them alone. In a batch round where a few rows re-prefill
-    half a window after their slide, padding every other row's pass to that width would cost them as
-    much again; such a round runs one forward per group of rows instead. A view reads and writes the
-    cache's own storage, and the cache's commit then keeps what its forwards wrote, row by row."""
+class RowView(Cache):
+    """Some rows of a cache, for a forward over them alone: a batch round where a few rows re-prefill
+    half a window runs one forward per group of rows rather than pad every row to that width. A view
+    writes the cache's own storage, and the cache's commit then keeps what its forwards wrote."""
 
     def __init__(self, cache, rows):
         self.cache, self.rows = cache, torch.tensor(rows, device=cache.k.device)
-        self.k, self.v, self.capacity = cache.k, cache.v, cache.capacity
+        self.k, self.v, self.capacity = cache.k, cache.v, cache.capacity  # the cache's own storage
         self.lengths = [cache.lengths[r] for r in rows]
-        self.starts = torch.tensor(self.lengths, device=cache.k.device)  # fixed: a view is never committed
-        self.pending, self._row_lengths, self._row_slots = 0, None, None
+        self.starts = torch.tensor(self.lengths, device=cache.k.device)  # (B,), fixed: a view is never committed
+
+    def row_lengths(self):
+        return self.starts if self.ragged else None
 
     def write(self, layer, k_new, v_new):
         n = k_new.size(2)
-        end = self._end(n)
+        end = self.end_of_pass(n)
         slots = self.starts[:, None] + torch.arange(n, device=self.starts.device)  # (B, n)
         # advanced indices split by a slice put their dims first: the target is (B, n, nh, hs)
         self.k[layer][self.rows[:, None], :, slots] = k_new.transpose(1, 2)
         self.v[layer][self.rows[:, None], :, slots] = v_new.transpose(1, 2)
-        self.cache.pending = max(self.cache.pending, n)
+        self.cache.wrote(n)
         return self.k[layer][self.rows, :, :end], self.v[layer][self.rows, :, :end]
-
-    def commit(self, keep=None):
-        raise RuntimeError("commit the cache this view was taken from")

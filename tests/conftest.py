@@ -52,7 +52,7 @@ def target_context(tokens, block_size):
 @torch.no_grad()
 def assert_matches_prefill(model, cache, tokens):
     """The committed part of `cache` equals what a fresh prefill of `tokens` would hold."""
-    fresh = model.new_cache()
+    fresh = model.new_cache(scratch=0)
     if tokens:
         model(torch.tensor([tokens]), fresh)
         fresh.commit()

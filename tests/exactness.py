@@ -50,7 +50,7 @@ class ToyBigram(torch.nn.Module):
         self.config = SimpleNamespace(block_size=block_size, vocab_size=table.size(0))
         self.lm_head = torch.nn.Identity()  # its "hidden states" are already logits
 
-    def new_cache(self, batch_size=1, scratch=256):
+    def new_cache(self, scratch, batch_size=1):
         return KVCache(1, batch_size, 1, 1, self.config.block_size + scratch, dtype=torch.float64)
 
     def forward(self, idx, cache=None, pos=None, mask=None, return_hidden=False):

@@ -1,10 +1,13 @@
-"""The PyTorch reference of kernels.attention against a from-the-definition softmax(QK^T / sqrt(d)) V."""
+"""The reference of kernels.attention and its torch backend (SDPA) against a from-the-definition
+softmax(QK^T / sqrt(d)) V."""
 import math
 
 import pytest
 import torch
 
-from kernels import reference_attention
+from kernels import reference_attention, sdpa_attention
+
+IMPLEMENTATIONS = pytest.mark.parametrize("attention", [reference_attention, sdpa_attention])
 
 
 def naive_attention(q, k, v, mask):
@@ -15,21 +18,23 @@ def naive_attention(q, k, v, mask):
     return torch.softmax(scores.masked_fill(~full, float("-inf")), dim=-1) @ v
 
 
+@IMPLEMENTATIONS
 @pytest.mark.parametrize("n,prefix", [(1, 0), (1, 9), (5, 0), (5, 7), (16, 3)])
-def test_matches_definition(n, prefix):
+def test_matches_definition(attention, n, prefix):
     gen = torch.Generator().manual_seed(n * 100 + prefix)
     q = torch.randn(2, 3, n, 8, generator=gen, dtype=torch.float64)
     k = torch.randn(2, 3, prefix + n, 8, generator=gen, dtype=torch.float64)
     v = torch.randn(2, 3, prefix + n, 8, generator=gen, dtype=torch.float64)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
-    torch.testing.assert_close(reference_attention(q, k, v), naive_attention(q, k, v, causal))
+    torch.testing.assert_close(attention(q, k, v), naive_attention(q, k, v, causal))
     tree = torch.rand(n, n, generator=gen) < 0.5
     tree.fill_diagonal_(True)
-    torch.testing.assert_close(reference_attention(q, k, v, tree), naive_attention(q, k, v, tree))
+    torch.testing.assert_close(attention(q, k, v, tree), naive_attention(q, k, v, tree))
 
 
+@IMPLEMENTATIONS
 @pytest.mark.parametrize("n", [1, 4])
-def test_rows_with_their_own_prefix_lengths_attend_as_if_alone(n):
+def test_rows_with_their_own_prefix_lengths_attend_as_if_alone(attention, n):
     """Batched decoding: row b's prefix is its first lengths[b] keys, its n new keys follow at once,
     and what lies after them (another row's longer prefix) is not seen."""
     gen = torch.Generator().manual_seed(n)
@@ -40,7 +45,7 @@ def test_rows_with_their_own_prefix_lengths_attend_as_if_alone(n):
     trees = torch.rand(3, n, n, generator=gen) < 0.5
     trees |= torch.eye(n, dtype=torch.bool)
     for mask in (None, trees[1], trees):  # causal, one mask for every row, a mask per row
-        out = reference_attention(q, k, v, mask, lengths)
+        out = attention(q, k, v, mask, lengths)
         for b, length in enumerate(lengths.tolist()):
             alone = slice(b, b + 1), slice(None), slice(0, length + n)
             row_mask = torch.ones(n, n, dtype=torch.bool).tril() if mask is None else mask if mask.dim() == 2 else mask[b]
@@ -57,13 +62,14 @@ def test_a_pass_mask_is_reused_only_for_the_same_lengths_and_mask():
     one = torch.ones(1, 1, dtype=torch.bool)
     for lengths in (torch.tensor([6, 2]), torch.tensor([6, 2]), torch.tensor([3, 6]), torch.tensor([3, 6])):
         for mask in (None, one, one):
-            out = reference_attention(q, k, v, mask, lengths)
+            out = sdpa_attention(q, k, v, mask, lengths)
             for b, length in enumerate(lengths.tolist()):
                 alone = slice(b, b + 1), slice(None), slice(0, length + 1)
                 torch.testing.assert_close(out[b:b + 1], naive_attention(q[b:b + 1], k[alone], v[alone], one))
 
 
-def test_strided_cache_views_are_fine():
+@IMPLEMENTATIONS
+def test_strided_cache_views_are_fine(attention):
     gen = torch.Generator().manual_seed(0)
     cache_k = torch.randn(1, 2, 40, 8, generator=gen, dtype=torch.float64)  # a cache slot bigger than what is in use
     cache_v = torch.randn(1, 2, 40, 8, generator=gen, dtype=torch.float64)
@@ -73,12 +79,13 @@ def test_strided_cache_views_are_fine():
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     for mask in (None, tree):  # against the definition, which reads contiguous copies
         expected = naive_attention(q, k.contiguous(), v.contiguous(), causal if mask is None else mask)
-        torch.testing.assert_close(reference_attention(q, k, v, mask), expected)
+        torch.testing.assert_close(attention(q, k, v, mask), expected)
 
 
-def test_bad_shapes_are_refused():
+@IMPLEMENTATIONS
+def test_bad_shapes_are_refused(attention):
     q = torch.randn(1, 2, 3, 8)
     with pytest.raises(ValueError):
-        reference_attention(q, torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8))  # fewer keys than queries
+        attention(q, torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8))  # fewer keys than queries
     with pytest.raises(ValueError):
-        reference_attention(q, torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.ones(2, 2, dtype=torch.bool))
+        attention(q, torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.ones(2, 2, dtype=torch.bool))

@@ -77,7 +77,7 @@ def test_passes_beyond_the_largest_bucket_run_eagerly():
 def test_static_caches_have_one_capacity_with_room_for_padding():
     assert STATIC.new_cache(scratch=1).capacity == STATIC.new_cache(scratch=20).capacity == 32 + BUCKETS[-1]
     with pytest.raises(ValueError, match="positions"):
-        STATIC(torch.tensor([[1, 2]]), STATIC.new_cache(), pos=torch.tensor([31, 32]))
+        STATIC(torch.tensor([[1, 2]]), STATIC.new_cache(scratch=0), pos=torch.tensor([31, 32]))
 
 
 def every_method(target, draft, eagle):

@@ -37,7 +37,7 @@ def test_incremental_decoding_matches_full_forward():
     model = tiny_model()
     idx = torch.randint(64, (1, 32), generator=torch.Generator().manual_seed(1))
     full = model(idx)  # (1, 32, vocab), no cache
-    cache = model.new_cache()
+    cache = model.new_cache(scratch=0)
     for t in range(32):
         step = model(idx[:, t:t + 1], cache)
         cache.commit()
@@ -49,13 +49,13 @@ def test_incremental_decoding_matches_full_forward():
 def test_verify_pass_equals_single_steps(prefix, n):
     model = tiny_model(seed=prefix)
     idx = torch.randint(64, (2, prefix + n), generator=torch.Generator().manual_seed(n))  # batch of 2
-    cache = model.new_cache(batch_size=2)
+    cache = model.new_cache(scratch=0, batch_size=2)
     if prefix:
         model(idx[:, :prefix], cache)
         cache.commit()
     verify = model(idx[:, prefix:], cache)  # n new positions in one pass, left as scratch
     cache.commit()
-    steps_cache = model.new_cache(batch_size=2)
+    steps_cache = model.new_cache(scratch=0, batch_size=2)
     if prefix:
         model(idx[:, :prefix], steps_cache)
         steps_cache.commit()
@@ -77,7 +77,7 @@ def test_tree_node_logits_equal_their_path_as_a_sequence(seed):
     context = torch.randint(64, (1, prefix), generator=gen)
     nodes = torch.randint(64, (1, n), generator=gen)
     mask, depth = tree_mask_and_depths(parents)
-    cache = model.new_cache()
+    cache = model.new_cache(scratch=n)
     model(context, cache)
     cache.commit()
     tree_logits, hidden = model(nodes, cache, pos=prefix + depth, mask=mask, return_hidden=True)
@@ -110,7 +110,7 @@ def test_positions_past_the_context_are_refused():
     model = tiny_model()
     with pytest.raises(ValueError, match="positions"):
         model(torch.zeros(1, 33, dtype=torch.long))
-    cache = model.new_cache()
+    cache = model.new_cache(scratch=0)
     model(torch.zeros(1, 30, dtype=torch.long), cache)
     cache.commit()
     with pytest.raises(ValueError, match="positions"):

@@ -122,7 +122,7 @@ def test_whole_model_gives_the_same_logits_with_either_backend():
     for backend in ("torch", "triton"):
         kernels.set_backend(backend)
         try:
-            cache = model.new_cache()
+            cache = model.new_cache(scratch=6)
             prefill = model(prompt, cache)
             cache.commit()
             verify = model(tree, cache, pos=pos, mask=mask)
