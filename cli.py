@@ -7,6 +7,7 @@ import sys
 import torch
 
 import kernels
+from data import DataError
 from decode.cost import StoredCosts
 from decode.lookahead import SIZING
 from decode.methods import METHODS, SettingError
@@ -36,7 +37,7 @@ def run(main):
     """Run main(); bad input becomes one line on stderr and exit status 2, never a traceback."""
     try:
         sys.exit(main())
-    except (UserError, SettingError, TokenizerError) as e:
+    except (UserError, DataError, SettingError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except CheckpointError as e:

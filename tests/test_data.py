@@ -4,7 +4,7 @@ import urllib.request
 import pytest
 
 import data
-from cli import UserError
+from data import DataError
 
 
 def test_offline_download_names_the_data_flag(tmp_path, monkeypatch):
@@ -13,7 +13,7 @@ def test_offline_download_names_the_data_flag(tmp_path, monkeypatch):
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "data" / "tinyshakespeare.txt"))
-    with pytest.raises(UserError, match="--data"):
+    with pytest.raises(DataError, match="--data"):
         data.read_text(None)
 
 
@@ -31,7 +31,7 @@ def test_a_download_of_the_wrong_size_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: Truncated())
     target = tmp_path / "data" / "tinyshakespeare.txt"
     monkeypatch.setattr(data, "DEFAULT_DATA", str(target))
-    with pytest.raises(UserError, match="1115394"):
+    with pytest.raises(DataError, match="1115394"):
         data.read_text(None)
     assert not target.exists()
 

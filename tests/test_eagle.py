@@ -17,9 +17,9 @@ from model.checkpoint import CheckpointError
 from model.eagle import EagleHead, load_eagle, save_eagle
 from model.tokenizer import Tokenizer
 from tests.conftest import assert_holds_context, target_context, tiny_model
-from tests.test_medusa import TARGET, plain_greedy, sampled_corpus  # context 32: 60 tokens slide twice
+from tests.test_medusa import TARGET, fitted, plain_greedy, sampled_corpus  # context 32: 60 tokens slide twice
 from tests.test_speculative import PROMPTS, RecordingTarget
-from train import EAGLE_TRAINING, evaluate_eagle, train_eagle
+from heads_training import EAGLE_TRAINING, EagleTraining, evaluate_eagle
 
 TOKENIZER = Tokenizer({"kind": "bpe", "merges": []})
 # (r, c, seconds) for "auto": cheap passes and a head whose timed forwards cost nothing against an
@@ -36,7 +36,7 @@ def trained(tmp_path_factory):
     opt = dict(EAGLE_TRAINING, max_iters=150, batch_size=8, min_lr=3e-4, warmup_iters=5, eval_interval=150,
                eval_iters=2)
     path = tmp_path_factory.mktemp("eagle") / "eagle.pt"
-    accuracies = train_eagle(TARGET, TOKENIZER, corpus, val, path, opt, log=lambda *args: None)
+    fitted(EagleTraining(TARGET, TOKENIZER, corpus, val, path, opt, log=lambda *args: None))
     head, state = load_eagle(path, TARGET, TOKENIZER, dtype=torch.float64)
     return head, state, untrained
 

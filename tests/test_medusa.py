@@ -24,7 +24,8 @@ from tests.conftest import assert_holds_context, tiny_model
 from tests.exactness import (MEDUSA_TREE, SIGNIFICANCE, T1, TARGET_TABLE, TOKENS, TRUNCATED, Setting,
                               ToyMedusaHeads, sampled_fit)
 from tests.test_speculative import PROMPTS, RecordingTarget
-from train import HEADS_TRAINING, evaluate_heads, train_heads
+from heads_training import HEADS_TRAINING, MedusaTraining, evaluate_heads
+from train import fit
 
 TARGET = tiny_model(seed=0)  # context 32: 60 new tokens cross the window twice
 TOKENIZER = Tokenizer({"kind": "bpe", "merges": []})
@@ -172,16 +173,22 @@ def sampled_corpus(model, n_seqs=16, seed=0):
     return TokenData(tokens, len(tokens), "sampled")
 
 
-@pytest.mark.parametrize("distill", [False, True])
-def test_training_saves_better_heads_with_their_accuracies_and_tree(distill, tmp_path):
+def fitted(training):
+    """A heads training (heads_training.py) run through train.py's loop, quietly, and finished."""
+    fit(training, log=training.log)
+    training.finish()
+    return training
+
+
+def test_training_saves_better_heads_with_their_accuracies_and_tree(tmp_path):
     target = tiny_model(seed=0)
     corpus = sampled_corpus(target)
     untrained = evaluate_heads(target, MedusaHeads(target, MedusaConfig(3)), corpus, 8, 32, 2, "cpu")[1]
     path = tmp_path / "medusa.pt"
     opt = dict(HEADS_TRAINING, max_iters=30, batch_size=8, learning_rate=3e-3, min_lr=3e-4, warmup_iters=5,
                eval_interval=30, eval_iters=2)
-    accuracies = train_heads(target, TOKENIZER, corpus, corpus, str(path), opt, n_heads=3, tree_size=12,
-                             distill=distill, log=lambda *args: None)
+    accuracies = fitted(MedusaTraining(target, TOKENIZER, corpus, corpus, str(path), opt, n_heads=3, tree_size=12,
+                                       log=lambda *args: None)).accuracies
     heads, state = load_medusa(path, target, TOKENIZER, dtype=torch.float64)
     assert heads.n_heads == 3 and not heads.config.tied
     assert len(accuracies) == 3 and all(len(a) == 10 and 0 <= sum(a) <= 1 for a in accuracies)
@@ -196,7 +203,7 @@ def test_joint_training_saves_the_new_target_the_heads_belong_to(tmp_path):
     corpus = sampled_corpus(target)
     path = tmp_path / "medusa.pt"
     opt = dict(HEADS_TRAINING, max_iters=5, batch_size=4, min_lr=3e-4, warmup_iters=1, eval_interval=5, eval_iters=1)
-    train_heads(target, TOKENIZER, corpus, corpus, str(path), opt, n_heads=2, joint=True, log=lambda *args: None)
+    fitted(MedusaTraining(target, TOKENIZER, corpus, corpus, str(path), opt, n_heads=2, joint=True, log=lambda *args: None))
     new_target = load_model(tmp_path / "medusa-target.pt", dtype=torch.float64)[0]
     assert torch.equal(new_target.lm_head.weight.float(), target.lm_head.weight.float())  # load_model keeps float32
     assert not torch.equal(target.lm_head.weight, before.lm_head.weight)  # the backbone learned too

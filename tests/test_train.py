@@ -12,6 +12,8 @@ import torch
 
 import train
 from cli import UserError
+from data import TEACHER_TOP, TargetOutputs
+from optim import Muon, make_optimizer, orthogonalise
 from model.checkpoint import load_checkpoint, load_model
 from tests.conftest import ROOT, SHAKESPEARE
 
@@ -208,26 +210,26 @@ def test_the_targets_outputs_are_computed_once_over_back_to_back_windows():
     tokens = torch.randint(64, (101,), generator=torch.Generator().manual_seed(0))
     split = TokenData(tokens.numpy(), 200, "train")
     both = {"distributions", "features"}
-    data = train.TargetOutputs(split, teacher, both, device="cpu", windows=3)
+    data = TargetOutputs(split, teacher, both, device="cpu", windows=3)
 
     # windows of the target's context start every 32 tokens, as random windows read them; the last
     # ends with the split, at 69, and keeps what the one before it did not reach
     for position, read_from in [(0, 0), (15, 0), (31, 0), (32, 32), (47, 32), (63, 32), (64, 64), (95, 64),
                                 (96, 69), (100, 69)]:
         logits, hidden = teacher(tokens[None, read_from:position + 1], return_hidden=True)
-        top, ids = torch.softmax(logits[0, -1], -1).topk(train.TEACHER_TOP)
+        top, ids = torch.softmax(logits[0, -1], -1).topk(TEACHER_TOP)
         assert torch.equal(data.ids[position], ids.int())
         torch.testing.assert_close(data.probs[position].double(), top / top.sum(), atol=1e-3, rtol=0)
         torch.testing.assert_close(data.features[position], hidden[0, -1])
     x, positions = data.batch(4, 16, torch.Generator().manual_seed(1))
     assert torch.equal(x, tokens[positions]) and positions.shape == (4, 16)
     # a split that holds what is asked for is kept as it is; one that does not gets a pass of its own
-    assert train.TargetOutputs.shared(data, teacher, {"features"}, "cpu") is data
-    features = train.TargetOutputs.shared(split, teacher, {"features"}, "cpu")
+    assert TargetOutputs.shared(data, teacher, {"features"}, "cpu") is data
+    features = TargetOutputs.shared(split, teacher, {"features"}, "cpu")
     assert features.outputs == {"features"} and not hasattr(features, "ids")
     torch.testing.assert_close(features.features, data.features)  # windows grouped otherwise: rounding may differ
     # two processes' shares (each every other group of windows) sum to the whole
-    shares = [train.TargetOutputs(split, teacher, both, device="cpu", windows=3, share=(k, 2)) for k in range(2)]
+    shares = [TargetOutputs(split, teacher, both, device="cpu", windows=3, share=(k, 2)) for k in range(2)]
     for name in ("ids", "probs", "features"):
         assert torch.equal(getattr(shares[0], name) + getattr(shares[1], name), getattr(data, name))
     assert shares[0].ids.any() and shares[1].ids.any()
@@ -237,7 +239,7 @@ def test_orthogonalise_brings_every_singular_value_near_one():
     generator = torch.Generator().manual_seed(0)
     for shape in [(96, 32), (32, 32), (32, 128)]:
         update = torch.randn(shape, generator=generator) * 1e-3
-        orthogonalised = train.orthogonalise(update)
+        orthogonalised = orthogonalise(update)
         singular_values = torch.linalg.svdvals(orthogonalised)
         assert orthogonalised.shape == update.shape
         assert 0.65 < singular_values.min() and singular_values.max() < 1.25
@@ -250,7 +252,7 @@ def test_muon_takes_torch_muons_steps_up_to_its_bfloat16():
     for shape in [(96, 32), (32, 128)]:
         start = torch.randn(shape, generator=generator, dtype=torch.float64)
         ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
-        optimizers = [train.Muon([ours], lr=1e-2, weight_decay=0.1),
+        optimizers = [Muon([ours], lr=1e-2, weight_decay=0.1),
                       torch.optim.Muon([theirs], lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")]
         for _ in range(3):
             grad = torch.randn(shape, generator=generator, dtype=torch.float64)
@@ -263,7 +265,7 @@ def test_muon_takes_torch_muons_steps_up_to_its_bfloat16():
 def test_muon_moves_the_linear_layers_matrices_and_adamw_the_rest(tmp_path):
     from tests.conftest import tiny_model
     model = tiny_model()
-    muon, adam = train.make_optimizer(model, dict(optimizer="muon", learning_rate=1e-3, weight_decay=0.1)).optimizers
+    muon, adam = make_optimizer(model, dict(optimizer="muon", learning_rate=1e-3, weight_decay=0.1)).optimizers
     moved_by_muon = {id(p) for group in muon.param_groups for p in group["params"]}
     names = {id(p): name for name, p in model.named_parameters()}
     assert sorted(names[i] for i in moved_by_muon) == sorted(
