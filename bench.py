@@ -84,15 +84,12 @@ class Row:
 def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
     cli.add_checkpoint_args(p)
-    p.add_argument("--data", default=None,
-                   help="text whose val split gives the prompts (default: the data the model was trained on)")
-    p.add_argument("--methods", default=None,
-                   help=f"comma-separated, from: {', '.join(METHODS)} (default: every method whose "
-                        "checkpoint exists); plain decoding always runs, as the baseline")
+    p.add_argument("--data", help="text whose val split gives the prompts (default: the data the model was trained on)")
+    p.add_argument("--methods", help=f"comma-separated, from: {', '.join(METHODS)} (default: every method whose "
+                                    "checkpoint exists); plain decoding always runs, as the baseline")
     cli.add_method_args(p, rows=ROWS)
-    p.add_argument("--sized", action="store_true",
-                   help="also a sized (--sizing auto) lookahead row for each --lookahead W,N,G; the sized "
-                        "default row runs always")
+    p.add_argument("--sized", action="store_true", help="also a sized (--sizing auto) lookahead row for each "
+                                                        "--lookahead W,N,G; the sized default row runs always")
     p.add_argument("--num-prompts", type=int, default=None,
                    help="held-out prompts (default 8; with --batch-sizes, the largest batch size)")
     p.add_argument("--batch-sizes", type=int, nargs="+", metavar="B",
@@ -107,12 +104,11 @@ def parse_args(argv=None):
     cli.add_attn_arg(p)
     cli.add_compile_arg(p)
     p.add_argument("--profile", nargs="*", metavar="CHECKPOINT",
-                   help="measure r(n) instead of decoding: the target's, after three prefix lengths (this drops "
-                        "the costs stored in OUT_DIR/costs.json for this machine, so that the next run that "
-                        "sizes itself measures them again); or, given checkpoints, each one's after half its "
-                        "context, plotted with --plot into DIR/cost_by_size.png, and with --draft, the "
-                        "draft's step cost c against each larger one and the speedup the cost model predicts "
-                        f"at alpha {', '.join(map(str, ALPHAS))}")
+                   help="measure r(n) instead of decoding: the target's, after three prefix lengths (this drops the "
+                        "costs stored in OUT_DIR/costs.json for this machine, so that the next run that sizes itself "
+                        "measures them again); or, given checkpoints, each one's after half its context, plotted with"
+                        " --plot into DIR/cost_by_size.png, and with --draft, the draft's step cost c against each "
+                        f"larger one and the speedup the cost model predicts at alpha {', '.join(map(str, ALPHAS))}")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="DIR", help="draw the cost curve r(n) and each row's measured and predicted "
                                                  "speedup into DIR/cost_curve.png and DIR/speedup.png "
@@ -125,8 +121,7 @@ def held_out_prompts(tokenizer, text, n, length, seed):
     val = tokenizer.encode(split_text(text)[1])
     if len(val) <= length:
         raise cli.UserError(f"the val split has {len(val)} tokens, too few for prompts of {length}")
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(len(val) - length, (n,), generator=gen).tolist()
+    starts = torch.randint(len(val) - length, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
     return [val[s:s + length] for s in starts]
 
 
@@ -300,8 +295,7 @@ def bench_rows(args, model, rows, prompts, sampling, header, max_pass):
     if report_start(args, header, results, **cost):
         return 0
     print("# cost model: " + (f"draft step c = {cost['c']:.3f} target steps; " if "c" in cost else "")
-          + "".join(f"EAGLE head forward of {width} node{'s' * (width > 1)} c = {value:.3f}; "
-                    for width, value in eagle.items())
+          + "".join(f"EAGLE head forward of {n} node{'s' * (n > 1)} c = {value:.3f}; " for n, value in eagle.items())
           + (f"Medusa heads forward c = {cost['c_medusa']:.3f}; " if "c_medusa" in cost else "")
           + f"r(2..{len(r)}) = " + " ".join(f"{x:.2f}" for x in r[1:]))
     width = max(28, max(map(len, rows)) + 2)

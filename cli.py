@@ -37,12 +37,9 @@ def run(main):
     """Run main(); bad input becomes one line on stderr and exit status 2, never a traceback."""
     try:
         sys.exit(main())
-    except (UserError, DataError, SettingError, TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except CheckpointError as e:
-        advice = f": train it with {TRAIN_COMMAND[e.retrain]}" if e.retrain else ""
-        print(f"error: {e}{advice}", file=sys.stderr)
+    except (UserError, CheckpointError, DataError, SettingError, TokenizerError) as e:
+        retrain = getattr(e, "retrain", None)  # a CheckpointError may name the training that makes a good one
+        print(f"error: {e}" + (f": train it with {TRAIN_COMMAND[retrain]}" if retrain else ""), file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -50,13 +47,10 @@ def run(main):
 
 
 def add_checkpoint_args(parser, draft=True):
-    """--out-dir for the checkpoints train.py writes, and --target (and --draft) for one kept
-    elsewhere, such as a GPT-2 imported by model/convert.py."""
     parser.add_argument("--out-dir", default="out",
                         help="directory of train.py's checkpoints: target.pt, draft.pt, medusa.pt, eagle.pt (default: out)")
-    parser.add_argument("--target", metavar="PATH",
-                        help="target checkpoint (default: OUT_DIR/target.pt), e.g. a GPT-2 imported with "
-                             "python -m model.convert")
+    parser.add_argument("--target", metavar="PATH", help="target checkpoint (default: OUT_DIR/target.pt), e.g. a "
+                                                         "GPT-2 imported with python -m model.convert")
     if draft:
         parser.add_argument("--draft", metavar="PATH",
                             help="draft checkpoint (default: OUT_DIR/draft.pt): one trained by train.py --what "
@@ -97,27 +91,21 @@ def dtype_name(dtype):
     return str(dtype).removeprefix("torch.")
 
 
-def native_bf16(device):
-    if device.startswith("cuda"):
-        return torch.cuda.is_bf16_supported()
-    # oneDNN runs bf16 GEMMs in hardware on these; elsewhere it emulates them, slower than float32
-    return device == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
 def resolve_dtype(name, device):
-    if name is None:
-        return torch.bfloat16 if device.startswith("cuda") and native_bf16(device) else torch.float32
-    if name == "auto":
-        return torch.bfloat16 if native_bf16(device) else torch.float32
-    return DTYPES[name]
+    if name not in (None, "auto"):
+        return DTYPES[name]
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    # oneDNN runs bf16 GEMMs in hardware on these; elsewhere it emulates them, slower than float32
+    native = device == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return torch.bfloat16 if name == "auto" and native else torch.float32
 
 
 def add_compile_arg(parser):
     parser.add_argument("--compile", action="store_true",
-                        help="run the target's and the draft's passes compiled, at static shapes "
-                             "(model/compiled.py): the same outputs, several times faster on a CPU. Each pass "
-                             "size is compiled once, on first use (up to 45 s each on a 2-core CPU), and kept "
-                             "in OUT_DIR/compiled")
+                        help="run the target's and the draft's passes compiled, at static shapes (model/compiled.py): "
+                             "the same outputs, several times faster on a CPU. Each pass size is compiled once, on "
+                             "first use (up to 45 s each on a 2-core CPU), and kept in OUT_DIR/compiled")
 
 
 def compiled(model, path, args, device, dtype, prepare=False):
@@ -143,22 +131,8 @@ def compiled(model, path, args, device, dtype, prepare=False):
 
 def add_attn_arg(parser):
     parser.add_argument("--attn", choices=kernels.BACKENDS, default="auto",
-                        help="attention kernel: triton (CUDA, or TRITON_INTERPRET=1 on the CPU), torch "
-                             "(the PyTorch reference), auto (torch: on a GPU it measured faster than the "
-                             "kernel) (default auto)")
-
-
-def use_attn(name, device, dtype):
-    """Make `name` the attention backend of every later forward, if it can run here."""
-    if name == "triton":
-        if not kernels.triton_installed():
-            raise UserError("--attn triton needs the triton package (Linux only): pip install triton")
-        if not kernels.triton_usable(device):
-            raise UserError("--attn triton runs on CUDA; set TRITON_INTERPRET=1 to run it (slowly) on the CPU "
-                            "under Triton's interpreter")
-        if dtype not in kernels.TRITON_DTYPES:
-            raise UserError(f"--attn triton supports float32, float16 and bfloat16, not {dtype}")
-    kernels.set_backend(name)
+                        help="attention kernel: triton (CUDA, or TRITON_INTERPRET=1 on the CPU), torch (the PyTorch "
+                             "reference), auto (torch: on a GPU it measured faster than the kernel) (default auto)")
 
 
 def add_sampling_args(parser, temperature=0.8):
@@ -170,31 +144,16 @@ def add_sampling_args(parser, temperature=0.8):
     parser.add_argument("--seed", type=int, default=1337)
 
 
-def sampling_from_args(args):
-    """Validated Sampling settings from the flags of add_sampling_args."""
-    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
-        raise UserError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,}, got {args.max_new_tokens}")
-    if not args.temperature >= 0:  # also refuses NaN
-        raise UserError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
-    if not 0 < args.top_p <= 1:
-        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
-    return Sampling(args.temperature, args.top_k, args.top_p)
-
-
 def add_method_args(parser, rows=None):
     """Each method's setting flag (decode.methods). rows=None: one setting each, with the options of
     lookahead and Medusa (generate.py); rows={method: [settings]}: several settings per flag, one
     benchmark row each, defaulting to rows[method] (bench.py)."""
     g = parser.add_argument_group("method settings" + (" (several values: one row each)" if rows else ""))
     for method in METHODS.values():
-        if method.flag and rows:
-            g.add_argument(method.flag, nargs="+", default=rows[method.name], metavar=method.metavar,
-                           help=f"{method.help} (default {' '.join(rows[method.name])})")
-        elif method.flag:
-            g.add_argument(method.flag, default=method.default, metavar=method.metavar,
-                           help=f"{method.help} (default {method.default})")
+        if method.flag:
+            default = rows[method.name] if rows else method.default
+            g.add_argument(method.flag, nargs="+" if rows else None, default=default, metavar=method.metavar,
+                           help=f"{method.help} (default {' '.join(default) if rows else default})")
     g.add_argument("--no-fallback", dest="fallback", action="store_false",
                    help="speculate every round, even while plain rounds are measured faster (by default the "
                         "loop times both and holds the method while it does not pay, trying it again now "
@@ -235,17 +194,32 @@ def stored_costs(args, device, dtype):
 
 
 def setup_device(args):
-    """(device, dtype) from the flags, with the attention backend chosen for them."""
+    """(device, dtype) from the flags, with --attn made the backend of every later forward if it can run there."""
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    use_attn(args.attn, device, dtype)
+    if args.attn == "triton":
+        if not kernels.triton_installed():
+            raise UserError("--attn triton needs the triton package (Linux only): pip install triton")
+        if not kernels.triton_usable(device):
+            raise UserError("--attn triton runs on CUDA; set TRITON_INTERPRET=1 to run it (slowly) on the CPU "
+                            "under Triton's interpreter")
+        if dtype not in kernels.TRITON_DTYPES:
+            raise UserError(f"--attn triton supports float32, float16 and bfloat16, not {dtype}")
+    kernels.set_backend(args.attn)
     return device, dtype
 
 
 def setup(args):
     """What generate.py and bench.py both start from: (Sampling, device, dtype, target model,
-    tokenizer, target checkpoint dict), with the attention backend chosen."""
-    sampling = sampling_from_args(args)
+    tokenizer, target checkpoint dict), the flags of add_sampling_args checked, the attention backend chosen."""
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,}, got {args.max_new_tokens}")
+    if not args.temperature >= 0:  # also refuses NaN
+        raise UserError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    if not 0 < args.top_p <= 1:
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
     device, dtype = setup_device(args)
     model, tokenizer, state = load_model(checkpoint_of(args, "target"), device=device, dtype=dtype)
-    return sampling, device, dtype, model, tokenizer, state
+    return Sampling(args.temperature, args.top_k, args.top_p), device, dtype, model, tokenizer, state

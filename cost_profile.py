@@ -23,8 +23,7 @@ def profile_target(args, model, header, costs):
     max_n = min(64, block_size // 2)  # prefixes that leave room for the new positions inside the context
     prefixes = sorted({1, (block_size - max_n) // 2, block_size - max_n})
     curves = {f"P={p}": cost_curve(model, max_n, p) for p in prefixes}
-    print_profile(curves, header, args.json, f"{header['params_millions']}M parameters",
-                  "verify-pass cost r(n) = time(n new tokens) / time(1), after P cached tokens")
+    print_profile(curves, header, args.json, f"{header['params_millions']}M parameters", "after P cached tokens", {})
     return 0
 
 
@@ -35,28 +34,26 @@ def profile_checkpoints(args):
     device, dtype = cli.setup_device(args)
     header = dict(command=args.command, device=device, dtype=cli.dtype_name(dtype),
                   compiled=args.compile, threads=torch.get_num_threads())
-    draft = None
+
+    def load(path, kind="target"):
+        """(the model at `path`, compiled if asked; its tokenizer; its parameter count)"""
+        model, tokenizer, _ = load_model(path, kind=kind, device=device, dtype=dtype)
+        return cli.compiled(model, path, args, device, dtype, prepare=True), tokenizer, model.num_params()
     if args.draft:
-        draft_path = cli.checkpoint_of(args, "draft")
-        draft, draft_tokenizer, _ = load_model(draft_path, kind="draft", device=device, dtype=dtype)
-        draft_params = draft.num_params()
-        draft = cli.compiled(draft, draft_path, args, device, dtype, prepare=True)
+        draft, draft_tokenizer, draft_params = load(cli.checkpoint_of(args, "draft"), "draft")
         draft_seconds = forward_seconds(draft, 1, profile_prefix(draft))
     curves, predictions = {}, {}
     for path in args.profile:
         if not os.path.isfile(path):
             raise cli.UserError(f"--profile {path}: no such file")
-        target, tokenizer, _ = load_model(path, device=device, dtype=dtype)
-        params = target.num_params()
+        model, tokenizer, params = load(path)
         label = f"{path} ({params / 1e6:,.0f}M)" if params >= 1e7 else f"{path} ({params / 1e6:.2f}M)"
-        model = cli.compiled(target, path, args, device, dtype, prepare=True)
         curves[label] = r, seconds = cost_curve(model, min(64, model.config.block_size // 2), profile_prefix(model))
-        if draft is not None and draft_tokenizer.spec == tokenizer.spec and draft_params < params:
+        if args.draft and draft_tokenizer.spec == tokenizer.spec and draft_params < params:
             c = draft_seconds / seconds
             predictions[label] = dict(draft=os.path.basename(args.draft), c=c, best=[best_k(a, r, c) for a in ALPHAS])
-        del target, model  # before the next one is loaded
-    print_profile(curves, header, args.json, "each after half its context",
-                  "verify-pass cost r(n) = time(n new tokens) / time(1), per model", predictions=predictions)
+        del model  # before the next one is loaded
+    print_profile(curves, header, args.json, "each after half its context", "per model", predictions)
     if args.plot:
         plot_cost_curves(curves, header, args.plot, "cost_by_size.png")
     return 0
@@ -67,20 +64,20 @@ def best_k(alpha, r, c):
     return max(((k, predicted_speedup(alpha, k, r, c)) for k in range(1, AUTO_K_MAX + 1)), key=lambda kv: kv[1])
 
 
-def print_profile(curves, header, json_out, about, title, predictions=None):
+def print_profile(curves, header, json_out, about, measured, predictions):
     """curves: {column label: (r, seconds of r(1))}; predictions: {label: dict(c, best=[(k, speedup)])}."""
     if json_out:
-        print(json.dumps(dict(header, profile={label: dict(r=r, seconds_1=s, **(predictions or {}).get(label, {}))
+        print(json.dumps(dict(header, profile={label: dict(r=r, seconds_1=s, **predictions.get(label, {}))
                                                for label, (r, s) in curves.items()})))
         return
     print(f"# {header['command']}  ({machine(header)}, {about})")
-    print(title)
+    print(f"verify-pass cost r(n) = time(n new tokens) / time(1), {measured}")
     width = max(9, max(map(len, curves)) + 2)
     print("   n " + "".join(f"{label:>{width}}" for label in curves))
     for n in range(1, max(len(r) for r, _ in curves.values()) + 1):
         print(f"{n:>4} " + "".join(f"{r[n - 1]:>{width}.2f}" if n <= len(r) else " " * width for r, _ in curves.values()))
     print("time(1): " + ", ".join(f"{label} {s * 1e3:.2f} ms" for label, (_, s) in curves.items()))
-    for label, p in (predictions or {}).items():
+    for label, p in predictions.items():
         print(f"draft {p['draft']} for {label}: step cost c = {p['c']:.3f}; "
               "predicted speedup (best k) at " + ", ".join(
                   f"alpha {alpha}: {speedup:.2f}x (k={k})" for alpha, (k, speedup) in zip(ALPHAS, p["best"])))

@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 
 from model.checkpoint import load_model
-from model.tokenizer import Tokenizer
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SIZE = 1_115_394  # bytes
@@ -54,15 +53,6 @@ def read_text(path=None):
         raise DataError(f"data file {path} is a directory") from None
     except UnicodeDecodeError as e:
         raise DataError(f"data file {path} is not UTF-8 text (bad byte at offset {e.start})") from None
-
-
-def new_tokenizer(kind, vocab_size, text, log):
-    """GPT-2's tokenizer (kind "gpt2"), or a byte-level BPE of vocab_size tokens trained on the training split."""
-    if kind == "gpt2":
-        return Tokenizer({"kind": "gpt2"})
-    train_text = split_text(text)[0]
-    log(f"training a {vocab_size}-token byte-level BPE on {len(train_text):,} characters")
-    return Tokenizer.train(train_text, vocab_size)
 
 
 def split_text(text):
@@ -130,6 +120,7 @@ class TargetOutputs(TokenData):
     reads. share=(k, n): only every n-th group of windows from the k-th is read, the other positions
     left zero, so that n processes can split the work and sum their shares (`shared`)."""
 
+    @torch.no_grad()
     def __init__(self, split, target, outputs, device, windows=None, share=(0, 1)):
         self.tokens, self.chars_per_token, self.name = split.tokens, split.chars_per_token, split.name
         self.outputs = frozenset(outputs)
@@ -141,21 +132,16 @@ class TargetOutputs(TokenData):
         self.kept = list(nothing)
         for name, values in nothing.items():
             setattr(self, name, torch.zeros(n, values.size(-1), dtype=values.dtype, device=device))
-        starts = list(range(0, n - block_size + 1, block_size))
-        if starts[-1] != n - block_size:  # the split's last tokens
-            starts.append(n - block_size)
+        starts = sorted({*range(0, n - block_size + 1, block_size), n - block_size})  # the last: the split's end
         kept_from = [0] + [start + block_size for start in starts[:-1]]  # where the window before ended
-        part, parts = share
-        with torch.no_grad():
-            for i in range(part * windows, len(starts), parts * windows):
-                group = torch.tensor(starts[i:i + windows])
-                with autocast_for(device):
-                    logits, hidden = target(self.tokens[group[:, None] + torch.arange(block_size)].to(device),
-                                            return_hidden=True)
-                for name, values in self.keep(logits, hidden).items():  # (B, T, size)
-                    outputs = getattr(self, name)
-                    for row, (start, begin) in enumerate(zip(starts[i:i + windows], kept_from[i:i + windows])):
-                        outputs[begin:start + block_size] = values[row, begin - start:]
+        for i in range(share[0] * windows, len(starts), share[1] * windows):
+            group = torch.tensor(starts[i:i + windows])
+            with autocast_for(device):
+                logits, hidden = target(self.tokens[group[:, None] + torch.arange(block_size)].to(device),
+                                        return_hidden=True)
+            for name, values in self.keep(logits, hidden).items():  # (B, T, size)
+                for row, (start, begin) in enumerate(zip(starts[i:i + windows], kept_from[i:i + windows])):
+                    getattr(self, name)[begin:start + block_size] = values[row, begin - start:]
 
     def keep(self, logits, hidden):
         """What is kept of a group of windows' positions, as it is stored: name -> (B, T, size)."""
@@ -184,17 +170,9 @@ class TargetOutputs(TokenData):
         return self.tokens[positions].to(device), positions.to(device)
 
 
-def outputs_read(kinds, distill, medusa_joint):
-    """What the phases `kinds` read of the frozen target's outputs: a distilled draft its distributions,
-    the Medusa-1 and EAGLE heads its features; Medusa-2 trains the target itself."""
-    outputs = {"distributions"} if "draft" in kinds and distill else set()
-    return outputs | ({"features"} if "eagle" in kinds or ("medusa" in kinds and not medusa_joint) else set())
-
-
 class FrozenTarget:
-    """The trained target at `path` as a run's later phases learn from it: loaded once, with its
-    tokenizer and the splits, the training split holding the `outputs` (TargetOutputs) that any of
-    the phases reads, all computed in one pass by the first of them (docs/2026-12-06-epyc-t.md)."""
+    """The trained target at `path` as a run's later phases learn from it: loaded once, with its tokenizer
+    and the splits, the training split holding the `outputs` (TargetOutputs) that any of the phases reads."""
 
     def __init__(self, path, text, outputs, device, dtype, log):
         self.path, self.text, self.outputs, self.device, self.dtype, self.log = path, text, outputs, device, dtype, log

@@ -35,18 +35,6 @@ TOP = 10                  # accuracies are measured for each head's 10 likeliest
 EAGLE_DEPTHS = 4          # draft depths at which the EAGLE head's agreement with the target is measured
 
 
-def add_args(parser):
-    """train.py's flags of the Medusa heads."""
-    g = parser.add_argument_group("Medusa heads")
-    g.add_argument("--medusa-heads", type=int, default=4, help="how many heads (default 4)")
-    g.add_argument("--medusa-tied", action="store_true",
-                   help="share the target's output projection instead of giving each head its own copy")
-    g.add_argument("--medusa-joint", action="store_true",
-                   help="Medusa-2: train the target with the heads (saved as medusa-target.pt)")
-    g.add_argument("--tree-size", type=int, default=DEFAULT_TREE_SIZE,
-                   help=f"candidates in the saved Medusa tree (default {DEFAULT_TREE_SIZE})")
-
-
 def for_phase(kind, args, frozen, settings, log):
     """The training of OUT_DIR/medusa.pt or eagle.pt (`kind`) that train.py's flags `args` ask for, on
     the run's frozen target (a data.FrozenTarget); Medusa-2 trains a copy of it jointly with the heads."""
@@ -61,8 +49,7 @@ def for_phase(kind, args, frozen, settings, log):
 class HeadsTraining(nn.Module):
     """What Medusa's and EAGLE's training share, as train.py's loop (`fit`) trains them: the target
     (already on `device`; frozen, or trained with the heads), the splits (the training one, for heads
-    on the frozen target, with its features: computed here unless it holds them) and the file.
-    forward(x, y) is a batch's loss."""
+    on the frozen target, with its features: computed here unless it holds them) and the file."""
 
     def __init__(self, target, tokenizer, train, val, out_path, settings, device, seed, log, frozen):
         super().__init__()
@@ -74,8 +61,7 @@ class HeadsTraining(nn.Module):
         self.train_split, self.generator = train, torch.Generator().manual_seed(seed)  # draws the training batches
         self.start_iter, self.history = 0, []
         torch.manual_seed(seed)
-        target.requires_grad_(not frozen)
-        target.train(not frozen)
+        target.requires_grad_(not frozen).train(not frozen)
         if frozen:  # the features are the same at every visit of a window: computed once
             self.train_split = TargetOutputs.shared(train, target, {"features"}, device)
 
@@ -87,9 +73,7 @@ class HeadsTraining(nn.Module):
 
 class MedusaTraining(HeadsTraining):
     """K = n_heads Medusa heads on `target`, saved to out_path with their val accuracies and a tree of
-    tree_size candidates. Medusa-1 freezes the target (requires_grad off); joint=True (Medusa-2)
-    trains it too and saves it beside the heads as medusa-target.pt.
-    train, val: data.TokenData; settings: HEADS_TRAINING and the flags."""
+    tree_size candidates; joint=True: Medusa-2. train, val: data.TokenData; settings: HEADS_TRAINING and the flags."""
 
     def __init__(self, target, tokenizer, train, val, out_path, settings, n_heads=4, tied=False, joint=False,
                  tree_size=DEFAULT_TREE_SIZE, device="cpu", seed=1337, log=print):
@@ -122,22 +106,21 @@ class MedusaTraining(HeadsTraining):
         self.lm_loss, self.head_losses, self.accuracies = evaluate_heads(
             self.target, self.heads, self.val_split, self.settings["batch_size"], self.block_size,
             self.settings["eval_iters"], self.device)
+        self.tree = build_tree(self.accuracies, self.tree_size)
         return (dict(val_loss=heads_loss(self.head_losses)),
                 "val loss per head " + " ".join(f"{ce:.3f}" for ce in self.head_losses))
 
     def save(self, history):
         if self.joint:
             save_checkpoint(self.target_path, self.target, self.tokenizer, kind="target", medusa_joint=True)
-        tree = build_tree(self.accuracies, self.tree_size)
         save_medusa(self.out_path, self.heads, self.target, self.tokenizer, accuracies=self.accuracies,
-                    tree=[list(p) for p in tree], val_losses=self.head_losses, target_val_loss=self.lm_loss,
+                    tree=[list(p) for p in self.tree], val_losses=self.head_losses, target_val_loss=self.lm_loss,
                     seconds=history[-1]["seconds"], history=history,
                     train_settings=dict(self.settings, joint=self.joint, seed=self.seed, tree_size=self.tree_size))
 
     def finish(self):
         """Say what the last evaluation measured; a line for the run's summary."""
-        accuracies, log = self.accuracies, self.log
-        tree = build_tree(accuracies, self.tree_size)
+        accuracies, log, tree = self.accuracies, self.log, self.tree
         for d, acc in enumerate(accuracies):
             log(f"head {d} (token t+{d + 2}): top-1 {acc[0]:.3f}  top-5 {sum(acc[:5]):.3f}  top-10 {sum(acc):.3f}")
         log("expected accepted candidates per round, by tree size: " + ", ".join(
@@ -145,8 +128,7 @@ class MedusaTraining(HeadsTraining):
         if self.joint:
             log(f"target val loss {self.lm_before:.4f} -> {self.lm_loss:.4f} nats/token after joint training; "
                 f"saved the new target to {self.target_path}")
-            self.target.requires_grad_(False)
-            self.target.eval()
+            self.target.requires_grad_(False).eval()
         log(f"saved {self.out_path} (tree of {len(tree)} candidates, expected "
             f"{expected_length(accuracies, tree):.2f} accepted per round)")
         return f"{self.out_path}: head 0 top-1 {accuracies[0][0]:.3f}"
@@ -185,7 +167,6 @@ class EagleTraining(HeadsTraining):
                    history=history, train_settings=dict(self.settings, seed=self.seed))
 
     def finish(self):
-        """A line for the run's summary."""
         self.log(f"saved {self.out_path}")
         return f"{self.out_path}: top-1 agreement with the target {self.measured[2][0]:.3f} at depth 1"
 

@@ -1,8 +1,7 @@
 """The optimisers train.py steps: AdamW, or Muon for the Linear layers' matrices and AdamW for the
-rest, on a linear-warmup cosine schedule.
-
-`settings` throughout is a model's optimisation settings (train.py's TRAIN_PRESETS and the flags):
-learning_rate, min_lr, warmup_iters, max_iters, weight_decay and which optimizer."""
+rest, on a linear-warmup cosine schedule. `settings` throughout is a model's optimisation settings
+(train.py's TRAIN_PRESETS and the flags): learning_rate, min_lr, warmup_iters, max_iters,
+weight_decay and which optimizer."""
 import math
 
 import torch
@@ -24,11 +23,8 @@ def lr_at(it, settings):
 
 def make_optimizer(model, settings):
     """AdamW; with settings["optimizer"] == "muon", Muon for muon_matrices(model) and AdamW for the rest."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    use_muon = settings.get("optimizer", "adamw") == "muon"
-    matrices = [p for p in muon_matrices(model) if p.requires_grad] if use_muon else []
-    moved_by_muon = {id(m) for m in matrices}
-    rest = [p for p in params if id(p) not in moved_by_muon]
+    matrices = [p for p in muon_matrices(model) if p.requires_grad] if settings.get("optimizer") == "muon" else []
+    rest = [p for p in model.parameters() if p.requires_grad and all(p is not m for m in matrices)]
     decay = [p for p in rest if p.dim() >= 2]  # embeddings and, without Muon, matrices; not biases or LayerNorms
     no_decay = [p for p in rest if p.dim() < 2]
     adam = adamw([dict(params=decay, weight_decay=settings["weight_decay"]), dict(params=no_decay, weight_decay=0.0)],
@@ -42,8 +38,7 @@ def make_optimizer(model, settings):
 
 def adamw(groups, settings):
     """AdamW, fused (one kernel for all parameters) where the parameters' device and dtype have it."""
-    params = [p for group in groups for p in group["params"]]
-    fused = all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params)
+    fused = all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for group in groups for p in group["params"])
     return torch.optim.AdamW(groups, lr=settings["learning_rate"], betas=(0.9, 0.99),
                              weight_decay=settings["weight_decay"], fused=fused)
 

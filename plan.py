@@ -1,7 +1,6 @@
 """What a fresh run of train.py says before anything trains: about how long it should take here. A
-training step of the target's shape is timed now; each phase's time is that rate applied to its
-arithmetic per token (6 x the parameters trained, 2 x those only run forward, as Kaplan et al.
-count), evaluations included. Each phase's own ETA follows as it trains."""
+training step of the target's shape is timed now; each phase's time is that rate applied to its arithmetic
+per token (6 x the parameters trained, 2 x those only run forward, as Kaplan et al. count), evaluations included."""
 import math
 import os
 import time
@@ -19,10 +18,9 @@ from optim import orthogonalisation_flops
 
 
 def plan(args, kinds, outputs, text, phase_settings, device, dtype):
-    """The line a fresh run of train.py (its flags `args`) starts with: each of the phases `kinds`
-    with its parameters and iterations, and about how long they should take here; None without the
-    target they need (their phase says what is missing). outputs: what they read of the frozen
-    target's; phase_settings: train.py's, a phase's (model config, optimisation settings)."""
+    """That line, for train.py's flags `args`: the phases `kinds`, each with its parameters and iterations;
+    None without the target they need (their phase says what is missing). outputs: what they read of the
+    frozen target's; phase_settings: train.py's, a phase's (model config, optimisation settings)."""
     target_cfg, saved = phase_settings(args, "target", device)[0], None  # saved: the target's, if not trained
     if "target" in kinds:
         target_cfg["vocab_size"] = 50257 if args.tokenizer == "gpt2" else args.vocab_size
@@ -31,12 +29,11 @@ def plan(args, kinds, outputs, text, phase_settings, device, dtype):
         target_cfg = saved["config"]
     else:
         return None
-    phases = {kind: phase_settings(args, kind, device, target_cfg) for kind in ("target", "draft", "medusa", "eagle")}
-    configs = dict(target=target_cfg, draft=dict(phases["draft"][0], vocab_size=target_cfg["vocab_size"]))
-    settings = {kind: phase[1] for kind, phase in phases.items()}
+    settings = {kind: phase_settings(args, kind, device, target_cfg)[1] for kind in ("target", *kinds)}
+    draft_cfg = dict(phase_settings(args, "draft", device, target_cfg)[0], vocab_size=target_cfg["vocab_size"])
     medusa, joint = MedusaConfig(args.medusa_heads, args.medusa_tied), args.medusa_joint
     with torch.device("meta"):  # shapes only: no memory, no initialisation
-        target, draft = GPT(GPTConfig(**configs["target"])), GPT(GPTConfig(**configs["draft"]))
+        target, draft = GPT(GPTConfig(**target_cfg)), GPT(GPTConfig(**draft_cfg))
         n_target = target.num_params()
         params = dict(target=n_target, draft=draft.num_params(),
                       medusa=sum(p.numel() for p in MedusaHeads(target, medusa).parameters()),
@@ -52,13 +49,13 @@ def plan(args, kinds, outputs, text, phase_settings, device, dtype):
     for kind in kinds:
         s, (both, forward, eval_forward) = settings[kind], arithmetic[kind]
         evals = math.ceil(s["max_iters"] / s["eval_interval"]) * s["eval_iters"]
-        tokens = s["batch_size"] * configs["draft" if kind == "draft" else "target"]["block_size"]
+        tokens = s["batch_size"] * (draft_cfg if kind == "draft" else target_cfg)["block_size"]
         flops += tokens * (s["max_iters"] * (6 * both + 2 * forward) + evals * 2 * (both + eval_forward))
         if s.get("optimizer") == "muon":
             flops += s["max_iters"] * orthogonalisation_flops(dict(target=target, draft=draft)[kind])
     if outputs:  # one pass of the target over the training split, for all the phases that read it
         flops += training_tokens(args.tokenizer, text, saved) * 2 * n_target
-    seconds = flops / training_rate(configs["target"], settings["target"], device, dtype)
+    seconds = flops / training_rate(target_cfg, settings["target"], device, dtype)
     names = dict(target="the target", draft="the draft", medusa="the Medusa heads", eagle="the EAGLE head")
     sizes = ", ".join(f"{names[kind]} ({params[kind] / 1e6:.2f}M parameters, {settings[kind]['max_iters']:,} "
                       "iterations)" for kind in kinds)
@@ -70,11 +67,9 @@ def training_tokens(tokenizer_kind, text, target_state):
     """The training split's tokens: counted with the saved target's tokenizer or GPT-2's; a BPE not
     trained yet makes about 2 characters a token of English at 512 tokens (1.94 on tiny Shakespeare)."""
     train_text = split_text(text)[0]
-    if target_state is not None:
-        return len(Tokenizer(target_state["tokenizer"]).encode(train_text))
-    if tokenizer_kind == "gpt2":
-        return len(Tokenizer({"kind": "gpt2"}).encode(train_text))
-    return len(train_text) / 2
+    if target_state is None and tokenizer_kind != "gpt2":
+        return len(train_text) / 2
+    return len(Tokenizer(target_state["tokenizer"] if target_state else {"kind": "gpt2"}).encode(train_text))
 
 
 def training_rate(target_cfg, settings, device, dtype, steps=2):

@@ -9,23 +9,17 @@ file (tiny Shakespeare by default), all with one training loop (`fit`).
     torchrun --nproc_per_node 2 train.py # data-parallel, the same flags (gloo on CPU, NCCL on CUDA)
 
 Data-parallel training (torchrun). --batch-size is the global batch: every process draws the same
-batch from the same generator and trains on its own slice of it, in --grad-accum micro-batches, and
-DistributedDataParallel averages the gradients. So N processes take exactly the steps one would
-(up to the order of float additions), and a checkpoint resumes on any number of processes. Every
-process evaluates (the same fixed val batches, in the time the others would wait anyway); only rank
-0 writes checkpoints and logs.
+batch from the same generator and trains on its own slice of it, and DistributedDataParallel averages
+the gradients. So N processes take exactly the steps one would (up to the order of float additions),
+and a checkpoint resumes on any number of processes. Every process evaluates (the same fixed val
+batches, in the time the others would wait anyway); only rank 0 writes checkpoints and logs.
 
 --preset and the model-shape flags (--n-layer, ...) shape the target, or the draft with --what draft
 (whose preset is `draft` otherwise); the optimisation flags (--max-iters, ...) apply to every model
 trained.
 
-The target and the draft stop where val stops improving: after --patience evaluations (2 by
-default) without a lower val loss. Their checkpoint is then written only when the loss is lower, so
-it holds the best evaluation, and --resume goes on from there.
-
-The phases after the target's learn from the trained target, frozen: the distilled draft from its
-next-token distributions, the Medusa-1 and EAGLE heads from its final hidden states. One pass of
-the target over the training split computes what all of them read (FrozenTarget).
+The phases after the target's learn from it, frozen (the distilled draft from its distributions,
+the Medusa-1 and EAGLE heads from its features), all from one pass of it over the training split.
 """
 import math
 import os
@@ -41,14 +35,13 @@ from torch.nn.parallel import DistributedDataParallel
 import cli
 import heads_training
 from cli import UserError
-from data import FrozenTarget, autocast_for, format_duration, new_tokenizer, outputs_read, read_text, tokenized_splits
+from data import FrozenTarget, autocast_for, format_duration, read_text, split_text, tokenized_splits
+from decode.medusa import DEFAULT_TREE_SIZE
 from model.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from model.gpt import GPT, GPTConfig, PRESETS
 from model.tokenizer import Tokenizer
 from optim import lr_at, make_optimizer
 from plan import plan
-
-# ---- settings and presets -------------------------------------------------------------------------
 
 # Optimisation settings per model preset; every one can be overridden by the flag of the same name.
 # patience: evaluations without a lower val loss after which training stops (0: never stops early).
@@ -88,7 +81,14 @@ def parse_args(argv=None):
     p.add_argument("--distill", action=cli.argparse.BooleanOptionalAction, default=True,
                    help="train the draft on the target's predicted distributions instead of the data's next "
                         "tokens, so that it learns to agree with the target (default: on)")
-    heads_training.add_args(p)
+    g = p.add_argument_group("Medusa heads")
+    g.add_argument("--medusa-heads", type=int, default=4, help="how many heads (default 4)")
+    g.add_argument("--medusa-tied", action="store_true",
+                   help="share the target's output projection instead of giving each head its own copy")
+    g.add_argument("--medusa-joint", action="store_true",
+                   help="Medusa-2: train the target with the heads (saved as medusa-target.pt)")
+    g.add_argument("--tree-size", type=int, default=DEFAULT_TREE_SIZE,
+                   help=f"candidates in the saved Medusa tree (default {DEFAULT_TREE_SIZE})")
     g = p.add_argument_group("overrides of the preset")
     for name in ("block_size", "n_layer", "n_head", "n_embd"):
         g.add_argument("--" + name.replace("_", "-"), type=int)
@@ -151,32 +151,6 @@ def say(message):
         print(message, flush=True)  # flushed: a long run's progress shows as it happens, also in a log file
 
 
-def join_processes(device):
-    """This process's device; under torchrun, after joining the process group (NCCL or gloo)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return device
-    if device.startswith("cuda"):
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return device
-
-
-# ---- data, model and optimizer ----------------------------------------------------------------------
-
-def resumed_or_new(kind, args, path, text, device):
-    """(checkpoint to resume or None, model config, optimisation settings, tokenizer) of `kind`."""
-    if args.resume and os.path.exists(path):  # with its settings, but for how long it trains and on what hardware
-        state = load_checkpoint(path, kind)
-        settings = state["train_settings"] | given(args, ("max_iters", "grad_accum", "patience"))
-        return state, state["config"], settings, Tokenizer(state["tokenizer"])
-    target = load_checkpoint(cli.checkpoint_of(args, "target"), "target") if kind == "draft" else None
-    model_cfg, settings = phase_settings(args, kind, device, target and target["config"])
-    # the draft must speak the target's tokenizer, token for token
-    tokenizer = Tokenizer(target["tokenizer"]) if target else new_tokenizer(args.tokenizer, args.vocab_size, text, say)
-    return None, dict(model_cfg, vocab_size=tokenizer.vocab_size), settings, tokenizer
-
-
 class ModelTraining(nn.Module):
     """The target or the draft as `fit` trains it, afresh or resumed from its checkpoint at `path`: on
     the data's next tokens, or a distilled draft on the frozen target's distributions (FrozenTarget)."""
@@ -184,7 +158,22 @@ class ModelTraining(nn.Module):
     def __init__(self, kind, args, path, text, device, dtype, frozen):
         super().__init__()
         self.kind, self.device, self.path = kind, device, path
-        state, model_cfg, self.settings, self.tokenizer = resumed_or_new(kind, args, path, text, device)
+        state = load_checkpoint(path, kind) if args.resume and os.path.exists(path) else None
+        if state is not None:  # with its settings, but for how long it trains and on what hardware
+            self.settings = state["train_settings"] | given(args, ("max_iters", "grad_accum", "patience"))
+            model_cfg, self.tokenizer = state["config"], Tokenizer(state["tokenizer"])
+        else:
+            target = load_checkpoint(cli.checkpoint_of(args, "target"), "target") if kind == "draft" else None
+            model_cfg, self.settings = phase_settings(args, kind, device, target and target["config"])
+            if target:  # the draft must speak the target's tokenizer, token for token
+                self.tokenizer = Tokenizer(target["tokenizer"])
+            elif args.tokenizer == "gpt2":
+                self.tokenizer = Tokenizer({"kind": "gpt2"})
+            else:  # a byte-level BPE trained on the training split
+                train_text = split_text(text)[0]
+                say(f"training a {args.vocab_size}-token byte-level BPE on {len(train_text):,} characters")
+                self.tokenizer = Tokenizer.train(train_text, args.vocab_size)
+            model_cfg["vocab_size"] = self.tokenizer.vocab_size
         self.train_split, self.val_split = tokenized_splits(text, self.tokenizer)
         config = GPTConfig(**model_cfg)
         self.block_size = config.block_size
@@ -237,8 +226,6 @@ class ModelTraining(nn.Module):
             if self.start_iter >= self.settings["max_iters"] else f"saved {self.path} (iteration {kept['iter']})")
         return f"{self.path}: val {kept['val_loss']:.4f} nats/token = {kept['val_nats_per_char']:.4f} nats/char"
 
-
-# ---- the loop -----------------------------------------------------------------------------------------
 
 def fit(trainee, log_interval=50, log=say):
     """The one training loop, for the target, the draft and the heads alike: from trainee.start_iter to
@@ -302,8 +289,6 @@ def backward(step, x, y, micro, accum, processes, device):
     return loss
 
 
-# ---- evaluation and checkpoint ----------------------------------------------------------------------
-
 def evaluate_and_save(trainee, it, seconds, processes, log):
     """trainee.evaluate() -> (what history keeps, val_loss included; a line for the log), kept in trainee.history
     (whose last entry says what is safe on disk if the loss turns to NaN), then saved if the checkpoint is to
@@ -346,8 +331,6 @@ def estimate_loss(model, split, settings, block_size, device):
     return sum(losses) / len(losses)
 
 
-# ---- the run ---------------------------------------------------------------------------------------
-
 def train_phase(kind, args, text, device, dtype, frozen):
     """Train (or resume) OUT_DIR/<kind>.pt, heads on the run's frozen target; a line for the summary."""
     path, heads = checkpoint_path(args.out_dir, kind), kind in ("medusa", "eagle")
@@ -365,7 +348,12 @@ def train_phase(kind, args, text, device, dtype, frozen):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = join_processes(cli.resolve_device(args.device))
+    device = cli.resolve_device(args.device)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: this process's device, in the process group
+        if device.startswith("cuda"):
+            device = f"cuda:{os.environ['LOCAL_RANK']}"
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     dtype = cli.resolve_dtype(args.dtype or "float32", device)
     if args.preset is not None and args.preset not in PRESETS:
         raise UserError(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
@@ -377,7 +365,10 @@ def main(argv=None):
         raise UserError("--target names the model that --what draft, medusa or eagle trains for")
     text = read_text(args.data)
     kinds = list(KINDS) if args.what == "all" else [args.what]
-    outputs = outputs_read(kinds, args.distill, args.medusa_joint)
+    # what the phases read of the frozen target's outputs: a distilled draft its distributions, the
+    # Medusa-1 and EAGLE heads its features (Medusa-2 trains the target itself)
+    outputs = {"distributions"} if "draft" in kinds and args.distill else set()
+    outputs |= {"features"} if "eagle" in kinds or ("medusa" in kinds and not args.medusa_joint) else set()
     fresh = RANK == 0 and not any(os.path.exists(checkpoint_path(args.out_dir, kind)) for kind in kinds)
     if fresh and (line := plan(args, kinds, outputs, text, phase_settings, device, dtype)):
         say(line)  # about how long the run should take; a resumed one shows each phase's ETA as it goes

@@ -1,19 +1,15 @@
 """The batch engine: the rounds of decode/speculative.py for a batch of prompts, timed phase by phase,
 with the fallback to plain decoding. The commands decode with it, one prompt or many.
 
-Every row has a proposer of its own (a method may serve its rows together: a draft model runs their
-draft steps as one forward of its own). The rows' passes (each its tail and its candidates) are
-padded to one length and run as ONE target forward, each row after its own committed length, under
-its own mask; each row's verdict commits its own path. A padding token sees only itself and is never
-committed, so every row says exactly what it would say alone. In a round where some rows re-prefill
-their window after a slide, those rows run a forward of their own (a RowView of the cache), so that
-the others are not padded to half a window. A row that has its tokens leaves the batch.
-
-Where speculating does not pay (at large batch sizes nothing does), a Fallback (decode/fallback.py)
-keeps the whole batch plain, round by round, for as long as plain rounds are measured faster.
-
-What observes a round goes through one hook: each row's DecodeStats records the row's Round, and
-so does on_round(row index, Round), if given.
+Every row has a proposer of its own (a draft model runs all its rows' steps as one forward of its
+own). The rows' passes are padded to one length and run as ONE target forward, each row after its
+own committed length, under its own mask, and each row commits its own path. A padding token sees
+only itself and is never committed, so every row says exactly what it would say alone. Rows that
+re-prefill their window after a slide run a forward of their own (a RowView of the cache), so that
+the others are not padded to half a window; a row that has its tokens leaves the batch. Where
+speculating does not pay (at large batch sizes nothing does), a Fallback (decode/fallback.py) keeps
+the whole batch plain for as long as plain rounds are measured faster. What observes a round goes
+through one hook: each row's DecodeStats records the row's Round, and so does on_round, if given.
 """
 import time
 from dataclasses import dataclass, field

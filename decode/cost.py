@@ -1,8 +1,7 @@
 """What a forward pass costs, relative to one single-token target step.
 
-r(n) = time of one forward with n new tokens / time with 1. On a GPU r(n) stays near 1 for small n
-(the weights are read once either way), which is why speculation pays; on a small CPU model it
-grows sooner, and it decides whether checking k guesses at once can beat k plain steps at all.
+r(n) = time of one forward with n new tokens / time with 1: near 1 for small n on a GPU, growing
+sooner on a small CPU model, where it decides whether checking k guesses can beat k plain steps.
 """
 import json
 import os
@@ -69,10 +68,9 @@ def cost_curve(model, max_n, prefix, repeats=7, tree=False, batch_size=1):
     """[r(1), ..., r(max_n)] after `prefix` cached tokens, and the seconds of r(1). tree=True times
     passes of n > 1 tokens as tree passes (mask and positions built and applied), chains otherwise.
     With batch_size B, r(n) is the cost of a pass of B rows x n tokens over a step of B x 1: what
-    speculating n - 1 tokens deep costs in each row of a batch.
-    The sizes are timed round-robin, so that a drift in the machine's speed hits them alike, and the
-    medians are fitted non-decreasing (nondecreasing_fit): a pass does not get cheaper by growing, and
-    neither a noisy dip nor a noisy spike at one size should steer a sizing rule."""
+    speculating n - 1 tokens deep costs in each row of a batch. The sizes are timed round-robin, so
+    that a drift in the machine's speed hits them alike, and the medians are fitted non-decreasing
+    (nondecreasing_fit): a pass does not get cheaper by growing."""
     gen = torch.Generator().manual_seed(0)
     cache = _prefilled_cache(model, prefix, max_n, gen, batch_size)
     inputs = [torch.randint(model.config.vocab_size, (batch_size, n), generator=gen).to(cache.k.device)
@@ -110,7 +108,7 @@ class StoredCosts:
 
     def __init__(self, path=None, machine="", on_measure=None):
         self.path, self.machine = path, machine
-        self.on_measure = on_measure  # called with a cost's name before it is measured
+        self.on_measure = on_measure or (lambda name: None)  # called with a cost's name before it is measured
 
     def _read(self):
         try:
@@ -133,8 +131,7 @@ class StoredCosts:
         stored = self._read() if self.path else {}
         costs = stored.get(self.machine, {})
         if name not in costs:
-            if self.on_measure:
-                self.on_measure(name)
+            self.on_measure(name)
             costs[name] = measure()
             if self.path:
                 self._write(dict(stored, **{self.machine: costs}))

@@ -6,11 +6,10 @@ keeps each guess x with probability min(1, p(x)/q(x)) (greedy: while it equals t
 argmax). The draft then rolls its cache back to the accepted prefix and, next round, catches up on
 the tokens it has not seen (the target's correction or bonus token).
 
-How many guesses per round:
-  - a fixed k;
-  - "auto": the k that maximises expected tokens per unit of time, from the running acceptance and
-    this machine's measured costs; k = 0, a plain step, when no k pays (decode/sizing.py AutoK);
-  - "heuristic": Hugging Face transformers' schedule, k + 2 after a fully accepted round, else k - 1.
+Guesses per round: a fixed k; "auto", the k of most expected tokens per unit of time by the running
+acceptance and this machine's measured costs, 0 (a plain step) when no k pays (decode/sizing.py
+AutoK); or "heuristic", Hugging Face transformers' schedule: k + 2 after a fully accepted round,
+else k - 1.
 """
 import time
 
@@ -76,11 +75,9 @@ class DraftBatch:
 class DraftModel(Proposer):
     def __init__(self, draft, k=DEFAULT_K, schedule="fixed", costs=None):
         """schedule "auto" needs this machine's Costs (decode/methods.py measures them)."""
-        self.draft = draft
-        self.schedule = schedule
-        self.k_max = k if schedule == "fixed" else AUTO_K_MAX
+        self.draft, self.schedule = draft, schedule
+        self.max_candidates = self.k_max = k if schedule == "fixed" else AUTO_K_MAX
         self.k_start = k
-        self.max_candidates = self.k_max
         self.auto = AutoK(costs, AUTO_K_MAX) if schedule == "auto" else None
 
     def start(self, prompt):

@@ -73,9 +73,7 @@ class Node:
 
 
 class Eagle(Proposer):
-    """The EAGLE proposer for decode.speculative.generate.
-
-    head: an EagleHead (or anything with its new_cache and forward); shape: "chain" or "tree";
+    """head: an EagleHead (or anything with its new_cache and forward); shape: "chain" or "tree";
     size: guesses (chain) or nodes (tree) per round, or "auto"; ranks: the head's measured
     accuracy at each sibling rank (saved with it), the calibration's prior; costs: this machine's
     Costs, needed by "auto"."""
@@ -83,15 +81,12 @@ class Eagle(Proposer):
     def __init__(self, head, shape="tree", size="auto", costs=None, ranks=None):
         self.head = head
         self.width = 1 if shape == "chain" else TREE_WIDTH
-        if size == "auto":
-            self.depth = MAX_DEPTH
-            self.max_candidates = MAX_DEPTH if shape == "chain" else MAX_AUTO_NODES
-        else:
-            self.depth = min(size, MAX_DEPTH) if shape == "tree" else size
-            self.max_candidates = size
+        auto = size == "auto"
+        self.depth = MAX_DEPTH if auto else min(size, MAX_DEPTH) if shape == "tree" else size
+        self.max_candidates = (MAX_DEPTH if shape == "chain" else MAX_AUTO_NODES) if auto else size
         # what drafting and sizing learn, kept from one generation to the next (the same head)
         self.calibration = Calibration(ranks)
-        self.sizing = TreeSizing(costs) if size == "auto" else None
+        self.sizing = TreeSizing(costs) if auto else None
 
     def start(self, prompt):
         self.cache = self.head.new_cache(scratch=self.width * self.depth)
@@ -209,19 +204,17 @@ class Eagle(Proposer):
 
 
 class Calibration:
-    """P(a drafted node is accepted | its parent was), as a function of its rank among its siblings
-    and the head's probability for it, counted from the verdicts in CALIBRATION_BINS bins of that
-    probability per rank. The head learnt the target's distribution, which says how often the
-    target would SAMPLE a token, not how often it is the target's argmax: on a flat distribution a
-    top guess of probability 0.2 may be the argmax most of the time, and a second guess of the same
-    probability far less often. Before any verdict a cell assumes the head's measured accuracy at
-    that rank (ranks[i]: how often the target's argmax was the head's (i+1)-th choice on val), or
-    its probability where none was measured, worth CALIBRATION_WEIGHT nodes."""
+    """P(a drafted node is accepted | its parent was), by its rank among its siblings and the head's
+    probability for it (CALIBRATION_BINS bins per rank), counted from the verdicts. The head learnt
+    the target's distribution: how often the target would SAMPLE a token, not how often it is the
+    argmax; on a flat distribution a top guess of probability 0.2 may be the argmax most of the
+    time, a second guess of the same probability far less often. Before any verdict a cell assumes
+    ranks[rank] (how often the target's argmax was the head's (rank+1)-th choice on val), or its
+    probability where none was measured, worth CALIBRATION_WEIGHT nodes."""
 
     def __init__(self, ranks=None):
         self.ranks = ranks
-        self.hits = [[0.0] * CALIBRATION_BINS for _ in range(TREE_WIDTH)]
-        self.tries = [[0.0] * CALIBRATION_BINS for _ in range(TREE_WIDTH)]
+        self.hits, self.tries = ([[0.0] * CALIBRATION_BINS for _ in range(TREE_WIDTH)] for _ in range(2))
 
     def _bin(self, p):
         return min(int(p * CALIBRATION_BINS), CALIBRATION_BINS - 1)

@@ -1,17 +1,13 @@
 """Falling back to plain decoding where speculation does not pay, by measuring both.
 
-Whether checking guesses beats plain steps depends on more than a cost model sees: in a batch every
-row's pass is padded to the longest and masked per row, some drafters run row by row, and the text
-decides how much is accepted. So the loop times its own rounds: the tokens each row gains per second
-in the rounds that speculated and in the plain ones, as running averages, and lets the rows propose
-only while speculating is the faster. It tries each mode for a few rounds first, then, since the
-text and the acceptance change, the losing one again for as many rounds once the time that trial
-would lose is at most 1/32 of the time since the last: a mode that loses by little is retried
-often, one that loses by much (a large batch's speculation) rarely. A mode taken up after a rest
-starts its average afresh: its old figure is stale.
-
-Only the speed depends on it. A plain round and a speculative one say the same thing (greedy) or
-sample from the same distribution, so falling back never changes an output.
+Whether checking guesses beats plain steps depends on more than a cost model sees (a batch's rows
+padded to the longest pass, drafters run row by row, the text), so the loop times its own rounds:
+the tokens each row gains per second, speculating and plain, as running averages, and lets the rows
+propose only while speculating is the faster. Since the text and the acceptance change, the losing
+mode is tried again once that trial would lose at most 1/32 of the time since the last: a mode that
+loses by little is retried often, one that loses by much (a large batch's speculation) rarely.
+A plain round and a speculative one say the same thing (greedy) or sample from the same
+distribution, so falling back never changes an output.
 """
 from decode.sizing import Backoff
 
@@ -26,11 +22,11 @@ class Fallback:
     speculate() before each round and reports the round with record()."""
 
     def __init__(self):
-        self.gained = {}   # mode (True: speculated) -> running average of the tokens a row gained in a round
-        self.seconds = {}  # mode -> running average of a round's seconds
-        self.measured = {True: 0, False: 0}    # rounds recorded in all
-        self.streak = {True: 0, False: 0}      # rounds recorded since the mode was taken up again
-        self.last_recorded = {True: None, False: None}
+        self.gained = {True: 0.0, False: 0.0}     # mode (True: speculated) -> running mean of a row's tokens per round
+        self.seconds = {True: 0.0, False: 0.0}    # mode -> running mean of a round's seconds
+        self.measured = {True: 0, False: 0}       # rounds recorded in all
+        self.streak = {True: 0, False: 0}         # rounds recorded since the mode was taken up again
+        self.last_recorded = {True: 0, False: 0}  # the round (of self.recorded) the mode was last recorded in
         self.recorded = 0
         self.best = True
         self.backoff = Backoff(PROBE_GAP + 1, PROBE_GAP + 1)  # a probe after PROBE_GAP rounds at the least
@@ -60,8 +56,7 @@ class Fallback:
     def probe_loss(self):
         """The seconds a probe of the losing mode is expected to lose: its rounds' time beyond what
         the best mode takes for the same tokens."""
-        other = not self.best
-        return TRIAL_ROUNDS * max(0.0, self.seconds[other] - self.gained[other] / self.rate(self.best))
+        return TRIAL_ROUNDS * max(0.0, self.seconds[not self.best] - self.gained[not self.best] / self.rate(self.best))
 
     def record(self, speculated, tokens_per_row, seconds):
         """A round of the batch: whether its pass checked guesses (any row's candidates or side
@@ -69,13 +64,10 @@ class Fallback:
         reported: they cost the same in either mode."""
         self.recorded += 1
         self.seconds_since_probe += seconds
-        last = self.last_recorded[speculated]
-        if last is None or self.recorded - last > PROBE_GAP:
-            self.streak[speculated] = 0
-        self.streak[speculated] += 1
+        rested = self.recorded - self.last_recorded[speculated] > PROBE_GAP  # its old average is stale
+        self.streak[speculated] = 1 if rested else self.streak[speculated] + 1
         self.last_recorded[speculated] = self.recorded
         self.measured[speculated] += 1
         weight = max(DECAY, 1 / self.streak[speculated])  # a plain mean until the average has enough rounds
-        gained, round_seconds = self.gained.get(speculated, 0.0), self.seconds.get(speculated, 0.0)
-        self.gained[speculated] = gained + weight * (tokens_per_row - gained)
-        self.seconds[speculated] = round_seconds + weight * (seconds - round_seconds)
+        for average, value in ((self.gained, tokens_per_row), (self.seconds, seconds)):
+            average[speculated] += weight * (value - average[speculated])

@@ -22,8 +22,7 @@ def random_context_tokens(tokens, count, generator):
 
 class Jacobi(Proposer):
     def __init__(self, window=DEFAULT_WINDOW):
-        self.window = window
-        self.max_candidates = window
+        self.window = self.max_candidates = window
 
     def start(self, prompt):
         self.rng = torch.Generator().manual_seed(0)  # padding guesses; not the sampling generator

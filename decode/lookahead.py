@@ -21,9 +21,8 @@ become the new top level. The pool also collects, for free, the n-grams of the t
 committed (as prompt lookup would find them), and with pool_from_prompt those of the prompt. The
 window never enters the cache and never reaches the output: only verified candidates do.
 
-Sizing. By default each pass is sized to this machine's measured costs: the verification depth
-and whether the window rides, or neither (a plain step) when nothing pays (decode/sizing.py
-LookaheadSizing); costs=None keeps the paper's fixed sizes.
+Sizing. By default each pass takes the verification depth and whether the window rides, or neither
+(a plain step), that pay best by this machine's measured costs (decode/sizing.py LookaheadSizing).
 """
 from collections import OrderedDict, defaultdict
 
@@ -60,8 +59,7 @@ class Lookahead(Proposer):
         sizes); this machine's Costs (r at least max_candidates + 1 long) size each pass."""
         if ngram_size < 2:
             raise ValueError("lookahead needs n-grams of at least 2 tokens (N = 2 is Jacobi decoding with a pool)")
-        self.window, self.max_ngrams = window, max_ngrams
-        self.pool_from_prompt = pool_from_prompt
+        self.window, self.max_ngrams, self.pool_from_prompt = window, max_ngrams, pool_from_prompt
         self.levels = ngram_size - 1
         self.mask = lookahead_mask(window, self.levels)
         self.offsets = [1 + col + level for level in range(self.levels) for col in range(window)]
@@ -96,9 +94,7 @@ class Lookahead(Proposer):
         self.offered = [(gram[:depth], source) for gram, source in grams] if depth else []
         candidates = Candidates.from_sequences([gram for gram, _ in self.offered])
         if self.rides:
-            side_tokens = [t for level in self.grid for t in level]
-            candidates.side = SideBranch(side_tokens, self.offsets, self.mask)
-        self.n_candidates = len(candidates)
+            candidates.side = SideBranch([t for level in self.grid for t in level], self.offsets, self.mask)
         return candidates
 
     def update(self, tokens, verdict, logits, hidden):
@@ -112,8 +108,8 @@ class Lookahead(Proposer):
                                accepted if source == "window" else 0, rides)
         if not rides:
             return
-        side = logits[1 + self.n_candidates:]  # (levels*W, vocab), level-major
-        top = side[-self.window:].argmax(-1).tolist()  # after each top-level guess
+        # the side branch (levels*W rows, level-major) ends the pass: its last W follow the top-level guesses
+        top = logits[-self.window:].argmax(-1).tolist()
         for col in range(self.window):
             self.remember([level[col] for level in self.grid] + [top[col]], "window")
         self.grid = self.grid[1:] + [top]

@@ -44,8 +44,7 @@ def build_tree(accuracies, budget):
     beats it, so adding the best path whose parent is in, `budget` times, is optimal (Medusa's
     greedy construction). Returned parents first: sorted by (length, path).
 
-    Example: accuracies [[0.6, 0.2], [0.5, 0.1]] give the values (0,) 0.6, (0, 0) 0.3, (1,) 0.2,
-    (1, 0) 0.1, (0, 1) 0.06, (1, 1) 0.02, so
+    Example: accuracies [[0.6, 0.2], [0.5, 0.1]] give the values (0,) 0.6, (0, 0) 0.3, (1,) 0.2, ..., so
         build_tree([[0.6, 0.2], [0.5, 0.1]], 3) == [(0,), (1,), (0, 0)]   # expected length 1.1
     """
     frontier = [(-acc, (i,)) for i, acc in enumerate(accuracies[0])]  # (-value, path): a max-heap
@@ -97,14 +96,10 @@ def verify_typical(probs, candidates, epsilon=TYPICAL[0], delta=TYPICAL[1], gene
 
 
 class Medusa(Proposer):
-    """The Medusa proposer for decode.speculative.generate.
-
-    heads: MedusaHeads (or anything with an `n_heads` attribute and a `decoder()` that returns a
+    """heads: MedusaHeads (or anything with an `n_heads` attribute and a `decoder()` that returns a
     function from one hidden state (C,) to the heads' logits (K, V)), used as they are now;
     tree_paths: "chain" or a list of paths (build_tree); typical: None for the exact shared
-    verifier, or (epsilon, delta) for typical acceptance, which then replaces it (`verify`).
-    The heads read hidden states the verify pass computed anyway; their forward, one a round, is
-    what the proposer counts in `forwards`."""
+    verifier, or (epsilon, delta) for typical acceptance, which then replaces it (`verify`)."""
 
     def __init__(self, heads, tree_paths="chain", typical=None):
         paths = chain_tree(heads.n_heads) if tree_paths == "chain" else [tuple(p) for p in tree_paths]
@@ -119,9 +114,9 @@ class Medusa(Proposer):
         self.width = 1 + max(i for p in paths for i in p)  # how many top tokens of a head the tree uses
         # n_within[d]: how many paths are at most d deep; sorted by length, they are a prefix of the list
         self.n_within = [sum(len(p) <= d for p in paths) for d in range(len(paths[-1]) + 1)]
-        self.typical = typical
         if typical is not None:
-            self.verify = self._verify_typical
+            self.verify = lambda logits, candidates, sampling, generator: verify_typical(
+                token_probs(logits, sampling), candidates, *typical, generator)
 
     def start(self, prompt):
         self.hidden = None  # (C,): the target's hidden state that predicted the last token
@@ -138,13 +133,8 @@ class Medusa(Proposer):
         return Candidates([ranked[len(p) - 1][p[-1]] for p in self.paths[:n]], self.parents[:n])
 
     def update(self, tokens, verdict, logits, hidden):
-        """hidden: (tail + n, C) at [tail..., candidates...] of the verify pass just run, the tail
-        ending with the root."""
         root = len(hidden) - len(logits)
         self.hidden = hidden[root + (verdict.path[-1] if verdict.path else 0)]  # the row that predicted tokens[-1]
-
-    def _verify_typical(self, logits, candidates, sampling, generator):
-        return verify_typical(token_probs(logits, sampling), candidates, *self.typical, generator)
 
 
 @torch.inference_mode()

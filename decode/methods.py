@@ -1,17 +1,7 @@
-"""Every decoding method by name, with its one setting and that setting's default: what the
-commands build a proposer from. The defaults are defined in each method's own module.
-
-    method         setting                      default
-    none           -                            -
-    draft          k: N, auto or heuristic      4
-    jacobi         W: guesses per pass          5
-    lookahead      W,N,G                        2,2,2 (sized to the machine)
-    prompt-lookup  L,P,M                        3,5,2
-    medusa         saved, chain or a tree size  saved
-    eagle          chain:K|auto, tree:N|auto    tree:auto
-
-A setting is written the way the command line takes it (`--lookahead 5,3,5`), so that a benchmark
-row and a generation with the same words build the same proposer.
+"""Every decoding method by name (METHODS), with its one setting and that setting's default (defined
+in each method's own module): what the commands build a proposer from. A setting is written the way
+the command line takes it (`--lookahead 5,3,5`), so that a benchmark row and a generation with the
+same words build the same proposer.
 """
 from dataclasses import dataclass
 from functools import partial
@@ -81,11 +71,12 @@ def _sizes(method, setting, count):
 
 def parse_setting(method, setting):
     """The setting of `method` as its proposer takes it, checked; SettingError if it is not valid."""
-    if method == "draft":
+    if method in ("draft", "eagle"):
+        parse, flag = (draft.parse_k, "--k:") if method == "draft" else (eagle.parse_shape, "--eagle")
         try:
-            return draft.parse_k(setting)
+            return parse(setting)
         except ValueError as e:
-            raise SettingError(f"--k: {e}") from None
+            raise SettingError(f"{flag} {e}") from None
     if method == "jacobi":
         return _sizes(method, setting, 1)[0]
     if method == "lookahead":
@@ -102,19 +93,15 @@ def parse_setting(method, setting):
             raise SettingError(f"--medusa-tree takes saved, chain or a tree size from 1 to {MAX_TREE_SIZE}, "
                                f"got {setting!r}")
         return int(setting)
-    if method == "eagle":
-        try:
-            return eagle.parse_shape(setting)
-        except ValueError as e:
-            raise SettingError(f"--eagle {e}") from None
     if method != "none":
         raise SettingError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
     return None
 
 
 def _costs(costs, name, target, largest, batch_size, **how):
-    """The Costs called `name` in the StoredCosts `costs`, else measure's now (of passes of up to
-    `largest` tokens, `how` its options). An earlier version stored a lookahead curve r alone."""
+    """The Costs called `name` (at batch_size) in the StoredCosts `costs`, else measure's now (of passes
+    of up to `largest` tokens, `how` its options). An earlier version stored a lookahead curve r alone."""
+    name += f" batch {batch_size}" if batch_size > 1 else ""
     stored = costs.get(name, lambda: measure(target, largest, batch_size, **how))
     return Costs(*stored) if isinstance(stored[0], list) else Costs(stored)
 
@@ -129,22 +116,20 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
     measured now); batch_size: the batch the proposer's row decodes in, whose costs size it."""
     value = parse_setting(method, METHODS[method].default if setting is None else setting)
     costs = costs or StoredCosts()
-    batch = f" batch {batch_size}" if batch_size > 1 else ""
     if method == "none":
         return Plain()
     if method == "draft":
         k, schedule = value
         step = partial(forward_seconds, draft_model, 1, profile_prefix(draft_model), batch_size=batch_size)
-        measured = (_costs(costs, "draft" + batch, target, draft.AUTO_K_MAX + 1, batch_size, drafter=step)
+        measured = (_costs(costs, "draft", target, draft.AUTO_K_MAX + 1, batch_size, drafter=step)
                     if schedule == "auto" else None)  # chain passes, and a draft step of all rows at once
         return draft.DraftModel(draft_model, k, schedule, costs=measured)
     if method == "jacobi":
         return jacobi.Jacobi(value)
     if method == "lookahead":
         window, ngram_size, max_ngrams = value  # the largest pass: the window and G n-grams, N-1 deep
-        measured = (_costs(costs, "lookahead " + ",".join(map(str, value)) + batch, target,
-                           (window + max_ngrams) * (ngram_size - 1) + 1, batch_size, tree=True, repeats=5)
-                    if sizing == "auto" else None)
+        measured = (_costs(costs, "lookahead " + _triple(value), target, (window + max_ngrams) * (ngram_size - 1) + 1,
+                           batch_size, tree=True, repeats=5) if sizing == "auto" else None)
         return lookahead.Lookahead(*value, pool_from_prompt=pool_from_prompt, costs=measured)
     if method == "prompt-lookup":
         return prompt_lookup.PromptLookup(*value)
@@ -152,17 +137,12 @@ def make_proposer(method, setting, target, draft_model=None, heads=None, sizing=
         shape, size = value
         head, state = eagle_head
         forward = partial(eagle.head_seconds, head, target.config.vocab_size, profile_prefix(target))
-        measured = (_costs(costs, "eagle" + batch, target, eagle.MAX_AUTO_NODES + 1, batch_size, tree=True,
-                           drafter=forward, drafters_per_step=batch_size)  # a head forward per row
-                    if size == "auto" else None)
+        measured = (_costs(costs, "eagle", target, eagle.MAX_AUTO_NODES + 1, batch_size, tree=True, drafter=forward,
+                           drafters_per_step=batch_size) if size == "auto" else None)  # a head forward per row
         return eagle.Eagle(head, shape, size, costs=measured, ranks=state.get("ranks"))
     module, state = heads
-    if value == "saved":
-        paths = state["tree"]
-    elif value == "chain":
-        paths = "chain"
-    else:
-        paths = medusa.build_tree(state["accuracies"], value)
+    paths = (state["tree"] if value == "saved" else value if value == "chain"
+             else medusa.build_tree(state["accuracies"], value))
     return medusa.Medusa(module, paths, typical=medusa.TYPICAL if typical else None)
 
 

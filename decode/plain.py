@@ -1,7 +1,5 @@
-"""Plain autoregressive decoding: one target forward per new token.
-
-In the shared loop (decode/speculative.py) it is the method that never proposes anything, so each
-pass feeds the last token and keeps the target's own next token. It is the baseline: every
+"""Plain autoregressive decoding, one target forward per new token: in the shared loop
+(decode/speculative.py), the method that never proposes anything. It is the baseline: every
 speculative method must say exactly what this says (greedy), or draw from exactly the distribution
 this draws from (sampling), only with fewer target forwards.
 """

@@ -1,14 +1,21 @@
 """Sizing: each round, the proposal of most expected tokens per unit of time, by measured Costs.
 
-On a GPU a pass of a few tokens costs about one plain step; on a CPU each token of a pass costs a
-share of one (decode/cost.py). AutoK sizes a draft model's k (--k auto), TreeSizing EAGLE's tree,
-LookaheadSizing lookahead's pass. A drafter's forwards are timed in the loop as it goes
-(DrafterCost); what does not pay is switched off (a plain step) and probed again by a Backoff, ever
-more rarely: the estimates that switched it off are of the past, and the text changes.
+AutoK sizes a draft model's k (--k auto), TreeSizing EAGLE's tree, LookaheadSizing lookahead's
+pass. A drafter's forwards are timed in the loop as it goes (DrafterCost); what does not pay is
+switched off (a plain step) and probed again by a Backoff, ever more rarely: the estimates that
+switched it off are of the past, and the text changes.
 """
+from itertools import accumulate
 from typing import NamedTuple
 
 from decode.cost import cost_curve, profile_prefix
+
+COST_DECAY = 0.2                         # the weight of the newest timing in the running cost of a drafter's forward
+ALPHA_PRIOR, PRIOR_WEIGHT = 0.6, 4       # AutoK: the acceptance assumed before any round is judged
+PROBE_ROUNDS, MAX_PROBE_ROUNDS = 16, 64  # AutoK: plain rounds before a probe (a whole round of draft steps)
+OUTLOOK_DECAY = 0.2                      # TreeSizing: weight of the newest round in the running outlook
+FIRST_PROBE, MAX_PROBE_GAP = 4, 64       # rounds to a probe, at first and at most (EAGLE and lookahead)
+WINDOW_PRIOR, WINDOW_PRIOR_WEIGHT = 0.5, 2  # tokens a lookahead window pass is assumed to earn, worth 2 passes
 
 
 class Costs(NamedTuple):
@@ -52,9 +59,6 @@ class Backoff:
         self.left, self.gap = self.gap, min(2 * self.gap, self.longest)
 
 
-COST_DECAY = 0.2  # the weight of the newest timing in the running cost of a drafter's forward
-
-
 class DrafterCost:
     """Sizing with a drafter: c as the loop pays it, timed alone, then rescaled by the loop's timing,
     where forwards run slower (the target's pass evicted the drafter's weights from the cache;
@@ -70,18 +74,11 @@ class DrafterCost:
         self.c = (1 - COST_DECAY) * self.c + COST_DECAY * self.costs.c * paid
 
 
-ALPHA_PRIOR, PRIOR_WEIGHT = 0.6, 4      # the acceptance assumed before any round is judged
-PROBE_ROUNDS, MAX_PROBE_ROUNDS = 16, 64  # plain rounds before a probe (a whole round of draft steps)
-
-
-def expected_tokens(alpha, k):
-    """Expected tokens per round with k guesses, each accepted independently with probability alpha."""
-    return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
 def predicted_speedup(alpha, k, r, c):
-    """Tokens per unit of time with k guesses, in plain steps: E(k) / (r(k+1) + k*c)."""
-    return expected_tokens(alpha, k) / (r[k] + k * c)
+    """Tokens per unit of time with k guesses, in plain steps: E(k) / (r(k+1) + k*c), E(k) the expected
+    tokens of a round whose guesses are each accepted independently with probability alpha."""
+    expected = k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return expected / (r[k] + k * c)
 
 
 class AutoK(DrafterCost):
@@ -101,19 +98,15 @@ class AutoK(DrafterCost):
         k = max(range(1, self.k_max + 1), key=lambda k: predicted_speedup(alpha, k, self.r, self.c))
         if predicted_speedup(alpha, k, self.r, self.c) > 1:
             self.backoff.restart()
-            return k
-        if not self.backoff.count():
+        elif self.backoff.count():
+            self.backoff.probe()
+        else:
             return 0
-        self.backoff.probe()
         return k
 
     def record(self, accepted, judged):
         self.accepted += accepted
         self.judged += judged
-
-
-OUTLOOK_DECAY = 0.2                 # weight of the newest round in the running outlook
-FIRST_PROBE, MAX_PROBE_GAP = 4, 64  # rounds to a probe, at first and at most (EAGLE and lookahead)
 
 
 class TreeSizing(DrafterCost):
@@ -131,29 +124,20 @@ class TreeSizing(DrafterCost):
     def sits_out(self):
         """Whether this round proposes nothing."""
         due = self.backoff.count()
-        self.probing = False
-        if self.outlook >= 1:
-            return False
-        if not due:
-            return True
-        self.backoff.probe()
-        self.probing = True
-        return False
+        self.probing = self.outlook < 1 and due
+        if self.probing:
+            self.backoff.probe()
+        return self.outlook < 1 and not due
 
     def count(self, values, forwards):
         """How many of the nodes of these values (best first) to propose, after `forwards` head forwards."""
-        gains = [0.0]
-        for value in values:
-            gains.append(gains[-1] + value)
+        gains = accumulate(values, initial=0.0)
         rates = [(1 + gain) / (self.r[n] + forwards * self.c) for n, gain in enumerate(gains)]
         best = max(range(1 if self.probing else 0, len(rates)), key=rates.__getitem__)
         self.outlook = (1 - OUTLOOK_DECAY) * self.outlook + OUTLOOK_DECAY * rates[best]
         if self.outlook >= 1:
             self.backoff.restart()
         return best
-
-
-WINDOW_PRIOR, WINDOW_PRIOR_WEIGHT = 0.5, 2  # tokens a window pass is assumed to earn, worth 2 passes
 
 
 class ReachTally:

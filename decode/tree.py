@@ -71,35 +71,29 @@ class Candidates:
         return kids
 
 
-def _verify_mask(parents, tail):
-    # numpy, not torch (docs/2026-12-06-epyc-t.md)
-    n = len(parents)
-    mask = np.tri(tail + n, dtype=bool)
+def verify_mask(parents, tail=1):
+    """Bool (tail+n, tail+n) mask of a verify pass [tail..., candidates...]. The tail is the run of
+    accepted tokens not yet in the cache, ending with the root (usually the root alone; the whole
+    prompt on the first pass): it is causal. Each candidate sees the whole tail and its own
+    ancestors, so it sees exactly its root-to-node path."""
+    mask = np.tri(tail + len(parents), dtype=bool)  # numpy, not torch (docs/2026-12-06-epyc-t.md)
     mask[tail:, tail:] = False
     for i, p in enumerate(parents):
         row = tail + i
         if p >= 0:
             mask[row, tail:] = mask[tail + p, tail:]
         mask[row, row] = True
-    return mask
-
-
-def verify_mask(parents, tail=1):
-    """Bool (tail+n, tail+n) mask of a verify pass [tail..., candidates...]. The tail is the run of
-    accepted tokens not yet in the cache, ending with the root (usually the root alone; the whole
-    prompt on the first pass): it is causal. Each candidate sees the whole tail and its own
-    ancestors, so it sees exactly its root-to-node path."""
-    return torch.from_numpy(_verify_mask(parents, tail))
+    return torch.from_numpy(mask)
 
 
 def pass_mask(candidates, tail):
     """verify_mask, widened by the side branch: it sees the tail (root included) and itself only."""
-    mask = _verify_mask(candidates.parents, tail)
+    mask = verify_mask(candidates.parents, tail)
     if candidates.side is None:
-        return torch.from_numpy(mask)
+        return mask
     m, width = len(candidates.side.tokens), tail + len(candidates)
     full = np.zeros((width + m, width + m), dtype=bool)
-    full[:width, :width] = mask
+    full[:width, :width] = mask.numpy()
     full[width:, :tail] = True
     full[width:, width:] = candidates.side.mask.numpy()
     return torch.from_numpy(full)
@@ -115,8 +109,7 @@ def padded_pass(passes, device):
     pos = torch.zeros(len(passes), n, dtype=torch.long)
     mask = torch.eye(n, dtype=torch.bool).repeat(len(passes), 1, 1)  # (B, n, n)
     for b, (tokens, positions, row_mask) in enumerate(passes):
-        size = len(tokens)
-        idx[b, :size] = torch.tensor(tokens)
-        pos[b, :size] = torch.tensor(positions)
-        mask[b, :size, :size] = row_mask
+        idx[b, :len(tokens)] = torch.tensor(tokens)
+        pos[b, :len(tokens)] = torch.tensor(positions)
+        mask[b, :len(tokens), :len(tokens)] = row_mask
     return idx.to(device), pos.to(device), mask.to(device)

@@ -39,10 +39,14 @@ def set_backend(name):
 
 def attention(q, k, v, mask=None, lengths=None, backend=None):
     """reference_attention (kernels/reference.py: shapes, masks, lengths) by the chosen backend.
-    A bool (n, P+n) mask over every key is the static path's (model/compiled.py reads its cache whole):
-    whole_cache_attention serves it whatever the backend, as the Triton kernel reads (n, n) masks only."""
+    A bool (n, T) mask over every key is the static path's (model/compiled.py reads its cache whole):
+    served here whatever the backend, as the Triton kernel reads (n, n) masks only. A lone query (the
+    decode step) is written out: compiled, it fuses into the pass's own code, where SDPA stays an
+    external call (docs/2026-12-03-epyc-f.md)."""
     if mask is not None and mask.size(-1) == k.size(-2) != q.size(-2):
-        return whole_cache_attention(q, k, v, mask)
+        if q.size(-2) == 1:
+            return masked_attention(q, k, v, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     backend = backend or _backend
     if backend in ("auto", "torch"):
         return sdpa_attention(q, k, v, mask, lengths)
@@ -72,15 +76,6 @@ def sdpa_attention(q, k, v, mask=None, lengths=None):
     else:
         seen[:, prefix:] = mask
     return F.scaled_dot_product_attention(q, k, v, attn_mask=seen)
-
-
-def whole_cache_attention(q, k, v, mask):
-    """The static path's attention: its cache is read whole, so `mask`, bool (n, T) over every key,
-    says which keys count. A lone query (the decode step) is written out: compiled, it fuses into the
-    pass's own code, where SDPA stays an external call (docs/2026-12-03-epyc-f.md)."""
-    if q.size(-2) == 1:
-        return masked_attention(q, k, v, mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 _last_pass = (None, None, None)  # the lengths and mask tensors of the last pass, its additive mask

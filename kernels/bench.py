@@ -58,9 +58,7 @@ def main():
         for case in args.cases:
             for n, prefix in CASES[case]:
                 total = prefix + n
-                q = torch.randn(B, H, n, D, device="cuda", dtype=dtype)
-                k = torch.randn(B, H, total, D, device="cuda", dtype=dtype)
-                v = torch.randn(B, H, total, D, device="cuda", dtype=dtype)
+                q, k, v = (torch.randn(B, H, m, D, device="cuda", dtype=dtype) for m in (n, total, total))
                 mask = medusa_mask(n).cuda() if case == "verify" else None
                 expected = sdpa_attention(q.float(), k.float(), v.float(), mask)
                 torch.testing.assert_close(triton_attention(q, k, v, mask).float(), expected, atol=2e-2, rtol=2e-2)
@@ -72,11 +70,9 @@ def main():
                 sdpa_ms = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q, k, v, **sdpa_args))
                 flops = 4 * B * H * n * total * D * (0.5 if case == "prefill" else 1.0)
                 nbytes = (2 * q.numel() + k.numel() + v.numel()) * q.element_size()
-                row = [f"{case:<8}{dtype_name:<10}{n:>7}{prefix:>7}"]
-                for ms in (ours_ms, sdpa_ms):
-                    row.append(f"{ms:>10.3f}{flops / ms / 1e9:>9.1f}{nbytes / ms / 1e6:>8.0f}")
-                row.append(f"{sdpa_ms / ours_ms:>10.2f}x")
-                print("".join(row), flush=True)
+                rates = "".join(f"{ms:>10.3f}{flops / ms / 1e9:>9.1f}{nbytes / ms / 1e6:>8.0f}"
+                                for ms in (ours_ms, sdpa_ms))
+                print(f"{case:<8}{dtype_name:<10}{n:>7}{prefix:>7}{rates}{sdpa_ms / ours_ms:>10.2f}x", flush=True)
     return 0
 
 

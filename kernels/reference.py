@@ -9,9 +9,6 @@ the n x n block among the new positions is masked.
     queries  +-----------------+-----------+
     new (n)  |   all visible   |   mask    |
              +-----------------+-----------+
-
-In a batch whose rows have committed different lengths, row b's prefix is its first P_b keys and
-its n new keys follow at once; the keys past P_b + n are another row's business (`lengths`, below).
 """
 import torch
 

@@ -104,8 +104,18 @@ def target_fingerprints(model, tokenizer):
     return {str(d): target_fingerprint(model, tokenizer, d) for d in FINGERPRINT_DTYPES}
 
 
-def belongs_to(state, model, tokenizer):
-    """Whether the heads checkpoint `state` was trained on this target, as it is loaded now."""
-    dtype = model.lm_head.weight.dtype
-    key = dtype if dtype in FINGERPRINT_DTYPES[1:] else torch.float32  # float64 casts back exactly
-    return state.get("target", {}).get(str(key)) == target_fingerprint(model, tokenizer, key)
+def load_heads(path, kind, model, tokenizer, build, device, dtype):
+    """(heads in eval mode, raw checkpoint dict) of `kind` ("medusa", "eagle"): the module build(state)
+    makes, with the file's weights, refused unless they were trained on this target, as it is loaded now."""
+    state = load_checkpoint(path, kind)
+    key = model.lm_head.weight.dtype
+    key = key if key in FINGERPRINT_DTYPES[1:] else torch.float32  # float64 casts back exactly
+    if state.get("target", {}).get(str(key)) != target_fingerprint(model, tokenizer, key):
+        if state.get("train_settings", {}).get("joint"):
+            raise CheckpointError(f"{path} holds Medusa-2 heads, which belong to the target trained with them, "
+                                  f"saved beside them as medusa-target.pt: decode from a directory holding that "
+                                  f"file as target.pt and the heads as medusa.pt")
+        raise CheckpointError(f"{path} was trained for another target model", retrain=kind)
+    heads = build(state)
+    heads.load_state_dict(state["model"])
+    return heads.to(device=device, dtype=dtype).eval(), state

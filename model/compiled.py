@@ -1,27 +1,24 @@
 """The compiled path: every pass of the model at a few static shapes, as gpt-fast runs its decode.
 
-A compiler makes a pass fast by fusing its operators and, on a CPU, by generating GEMM
-micro-kernels for the exact shapes, but it needs shapes that do not change. A pass has n new
-tokens after a committed prefix of P tokens, and both vary, so:
-  - n is padded up to a bucket (BUCKETS: 1, 2, 4, 5, 6, 8, 12, 16, 32, 64). The padding rows come
-    after the real ones; their K/V land in scratch slots that no commit keeps (the cache's
-    `pending` counts only the n real entries) and their outputs are sliced off;
+A compiler makes a pass fast by fusing its operators and, on a CPU, by generating GEMM micro-kernels
+for the exact shapes, but it needs shapes that do not change. A pass has n new tokens after a
+committed prefix of P tokens, and both vary, so:
+  - n is padded up to one of BUCKETS. The padding rows come after the real ones; their K/V land in
+    scratch slots that no commit keeps (the cache's `pending` counts only the n real entries) and
+    their outputs are sliced off;
   - attention reads the cache's whole capacity under a mask over every slot: the committed prefix,
-    then the pass's own n x n mask (causal, or the tree's), nothing else. P is a tensor in the
-    graph, so one compiled graph serves every prefix length;
+    then the pass's own n x n mask (causal, or the tree's). P is a tensor in the graph, so one
+    compiled graph serves every prefix length;
   - the new K/V are written with index_copy_ at the tensor positions P .. P+b-1.
-Inside runs the model's own forward, handed a cache view that writes at tensor positions and a mask
-over every key (kernels.attention serves it): there is one model, compiled or not. Passes larger
-than the largest bucket (a long prompt's prefill) run eagerly.
+Inside runs the model's own forward with a cache view that writes at tensor positions: there is one
+model, compiled or not. Passes larger than the largest bucket (a long prompt's prefill) run eagerly.
 
-Each bucket is compiled ahead of time with AOTInductor into a package on disk (weights frozen in as
-constants, GEMMs autotuned), built on its first use and loaded in a moment afterwards. In-process
-torch.compile builds the same kernels, but its on-disk cache refuses graphs holding the CPU's
-prepacked weights, so it would compile every bucket again in every run (docs/2026-12-03-epyc-e.md).
-Each package holds its own frozen copy of the weights, and its name carries a hash of the code it
-was compiled from, so a change to the model makes new packages instead of loading stale ones.
-Without a package folder the static pass runs eagerly: slower than the plain model, but it checks
-the padding, masking and writing above.
+Each bucket is compiled ahead of time with AOTInductor into a package on disk (weights frozen in,
+GEMMs autotuned), built on its first use and loaded in a moment afterwards. In-process torch.compile
+builds the same kernels, but its on-disk cache refuses graphs holding the CPU's prepacked weights,
+so it would compile every bucket again in every run (docs/2026-12-03-epyc-e.md). Without a package
+folder the static pass runs eagerly: slower than the plain model, but it checks the padding, masking
+and writing above.
 """
 import contextlib
 import hashlib
@@ -50,12 +47,8 @@ class _StaticCacheView(Cache):
     """The cache as a static pass hands it to GPT.forward: written at tensor positions, read whole."""
 
     def __init__(self, k, v, prefix, b):
-        self.k, self.v, self.prefix = k, v, prefix  # k, v: (L, B, nh, capacity, hs); prefix: 0-d tensor
-        self.slots = prefix + torch.arange(b, device=k.device)  # (b,)
-
-    @property
-    def length(self):
-        return self.prefix
+        self.k, self.v = k, v  # (L, B, nh, capacity, hs)
+        self.slots = prefix + torch.arange(b, device=k.device)  # (b,); prefix: 0-d tensor
 
     def write(self, layer, k_new, v_new):
         self.k[layer].index_copy_(2, self.slots, k_new)
@@ -90,7 +83,8 @@ class StaticGPT:
 
     def __init__(self, model, package_dir=None, buckets=BUCKETS, on_compile=None):
         self.model, self.config, self.lm_head = model, model.config, model.lm_head
-        self.package_dir, self.buckets, self.on_compile = package_dir, buckets, on_compile
+        self.package_dir, self.buckets = package_dir, buckets
+        self.on_compile = on_compile or (lambda bucket, seconds: None)
         self.static_pass = StaticPass(model)
         self.passes = {}  # bucket -> a callable running StaticPass at that size
         device = model.lm_head.weight.device
@@ -124,9 +118,8 @@ class StaticGPT:
                 torch.tensor(prefix, device=idx.device), inner, cache.k, cache.v)
         if bucket not in self.passes:
             self.passes[bucket] = self._load_or_compile(bucket, args)
-        logits, hidden = self.passes[bucket](*args)
+        logits, hidden = (out[:, :n] for out in self.passes[bucket](*args))
         cache.wrote(n)  # the real entries: a commit never keeps the padding
-        logits, hidden = logits[:, :n], hidden[:, :n]
         return (logits, hidden) if return_hidden else logits
 
     def prepare(self):
@@ -143,12 +136,10 @@ class StaticGPT:
             return self.static_pass
         path = os.path.join(self.package_dir, f"pass{bucket}-capacity{args[-1].size(3)}-code{code_fingerprint()}.pt2")
         if not os.path.exists(path):
-            if self.on_compile:
-                self.on_compile(bucket, None)
+            self.on_compile(bucket, None)
             started = time.perf_counter()
             compile_package(self.static_pass, args, path)
-            if self.on_compile:
-                self.on_compile(bucket, time.perf_counter() - started)
+            self.on_compile(bucket, time.perf_counter() - started)
         return torch._inductor.aoti_load_package(path)
 
 

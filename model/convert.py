@@ -31,7 +31,14 @@ GPT2_SETTINGS = dict(activation_function=("gelu_new", "gelu_pytorch_tanh"), laye
 
 def read_config(hf_dir):
     """Our GPTConfig from HF_DIR/config.json, refused unless it describes a GPT-2."""
-    hf = _read_json(os.path.join(hf_dir, "config.json"))
+    path = os.path.join(hf_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            hf = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not JSON ({e})") from None
     if hf.get("model_type") != "gpt2":
         raise CheckpointError(f"{hf_dir}/config.json describes a {hf.get('model_type')!r} model, not a GPT-2")
     for key, allowed in GPT2_SETTINGS.items():
@@ -125,20 +132,10 @@ def convert(hf_dir, out_path):
                               f"{config.vocab_size}")
     with torch.device("meta"):
         model = GPT(config)
-    model.load_state_dict(gpt_state_dict(read_weights(hf_dir), model), assign=True)  # the mapped tensors themselves: no copy until saved
+    model.load_state_dict(gpt_state_dict(read_weights(hf_dir), model), assign=True)
     save_checkpoint(out_path, model, tokenizer, kind="target", data=None,
                     source=dict(hf_dir=os.path.abspath(hf_dir)))
     return config, tokenizer
-
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist") from None
-    except ValueError as e:
-        raise CheckpointError(f"{path} is not JSON ({e})") from None
 
 
 def main(argv=None):

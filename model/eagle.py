@@ -15,8 +15,7 @@ only the fuse layer and the block are the head's own (~1/n_layer of the target's
 Training (train.py --what eagle) regresses f^_{t+1} onto f_{t+1} (smooth L1) and scores
 lm_head(f^_{t+1}) against the target's own distribution of token t+2 (cross-entropy, weight 0.1),
 with uniform noise on the input features so that the head learns to cope with its own inexact
-predictions when it drafts several steps ahead. Like Medusa's heads, a head file records the
-target's fingerprint and is refused for any other target.
+predictions when it drafts several steps ahead.
 """
 from dataclasses import dataclass, replace
 
@@ -24,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.checkpoint import CheckpointError, belongs_to, load_checkpoint, save_checkpoint, target_fingerprints
+from model.checkpoint import load_heads, save_checkpoint, target_fingerprints
 from model.gpt import Block
 from model.kv_cache import KVCache
 
@@ -97,9 +96,4 @@ def save_eagle(path, head, target_model, tokenizer, **extra):
 
 def load_eagle(path, target_model, tokenizer, device="cpu", dtype=torch.float32):
     """(head in eval mode, raw checkpoint dict) for `target_model`, the target it was trained on."""
-    state = load_checkpoint(path, kind="eagle")
-    if not belongs_to(state, target_model, tokenizer):
-        raise CheckpointError(f"{path} was trained for another target model", retrain="eagle")
-    head = EagleHead(target_model)
-    head.load_state_dict(state["model"])
-    return head.to(device=device, dtype=dtype).eval(), state
+    return load_heads(path, "eagle", target_model, tokenizer, lambda state: EagleHead(target_model), device, dtype)

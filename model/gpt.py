@@ -1,10 +1,6 @@
-"""A GPT-2-style decoder in the nanoGPT manner, with one forward for every kind of pass.
-
-`GPT.forward(idx, cache=None, pos=None, mask=None)` serves
-  - training: no cache, causal over the whole sequence;
-  - prefill and single-token decode: the cache supplies the committed prefix and stores the new K/V;
-  - verification: n candidate tokens under a bool (n, n) tree mask, with position ids
-    prefix length + depth, so each tree node sees exactly its root-to-node path.
+"""A GPT-2-style decoder in the nanoGPT manner, with one forward for every kind of pass: training (no
+cache), prefill and decode (the cache holds the committed prefix), and verification (n candidates under
+a tree mask, at positions prefix length + depth, so each node sees exactly its root-to-node path).
 Parameter names and shapes match GPT-2 checkpoints (whose Conv1D weights are stored transposed).
 """
 import math
@@ -50,9 +46,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, cache=None, mask=None):
         B, T, C = x.size()  # T new positions
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         lengths = None
         if cache is not None:
             lengths = cache.row_lengths()  # (B,) when the batch rows hold different lengths, else None
@@ -117,8 +111,7 @@ class GPT(nn.Module):
 
     def new_cache(self, scratch, batch_size=1):
         """A KV cache for a full context plus `scratch` speculative entries beyond it."""
-        c = self.config
-        p = self.lm_head.weight
+        c, p = self.config, self.lm_head.weight
         return KVCache(c.n_layer, batch_size, c.n_head, c.n_embd // c.n_head,
                        c.block_size + scratch, dtype=p.dtype, device=p.device)
 

@@ -10,9 +10,6 @@ zero and the projection as a copy of the target's lm_head, so an untrained head 
 exactly what the target says about the next token, a far better start than random for a guess at
 the token after it. With tied=True every head reuses the target's lm_head (fewer parameters, and
 nothing to train but the K residual blocks).
-
-A heads file only makes sense with the target it was trained on, so it records the target's
-fingerprint and `load_medusa` refuses any other target.
 """
 from dataclasses import dataclass
 
@@ -20,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.checkpoint import CheckpointError, belongs_to, load_checkpoint, save_checkpoint, target_fingerprints
+from model.checkpoint import load_heads, save_checkpoint, target_fingerprints
 
 
 @dataclass(frozen=True)
@@ -119,13 +116,5 @@ def save_medusa(path, heads, target_model, tokenizer, **extra):
 def load_medusa(path, target_model, tokenizer, device="cpu", dtype=torch.float32):
     """(heads in eval mode, raw checkpoint dict) for `target_model`, whose file must be the one the
     heads were trained on. The dict also holds the measured 'accuracies' and the chosen 'tree'."""
-    state = load_checkpoint(path, kind="medusa")
-    if not belongs_to(state, target_model, tokenizer):
-        if state.get("train_settings", {}).get("joint"):
-            raise CheckpointError(f"{path} holds Medusa-2 heads, which belong to the target trained with them, "
-                                  f"saved beside them as medusa-target.pt: decode from a directory holding that "
-                                  f"file as target.pt and the heads as medusa.pt")
-        raise CheckpointError(f"{path} was trained for another target model", retrain="medusa")
-    heads = MedusaHeads(target_model, MedusaConfig(**state["config"]))
-    heads.load_state_dict(state["model"])
-    return heads.to(device=device, dtype=dtype).eval(), state
+    return load_heads(path, "medusa", target_model, tokenizer,
+                      lambda state: MedusaHeads(target_model, MedusaConfig(**state["config"])), device, dtype)

@@ -1,10 +1,8 @@
-"""
-Tokenizers on tiktoken: a byte-level BPE trained on the user's own text (the default, works
+"""Tokenizers on tiktoken: a byte-level BPE trained on the user's own text (the default, works
 offline), tiktoken's stock GPT-2 encoding, or a GPT-2-style vocabulary read from a Hugging Face
 folder's vocab.json and merges.txt (model/convert.py). A tokenizer is described by a small primitive
 `spec` dict so that it can travel inside a checkpoint loaded with weights_only=True.
 """
-
 import codecs
 import heapq
 import json
@@ -13,7 +11,6 @@ from collections import Counter, defaultdict
 import regex
 import tiktoken
 
-
 # tiktoken's GPT-2 (r50k) pre-split pattern, copied out of tiktoken_ext.openai_public.r50k_pat_str
 # because that module is an internal of tiktoken's plugin mechanism, not a stable API.
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
@@ -21,10 +18,6 @@ GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{
 
 class TokenizerError(ValueError):
     """A tokenizer spec that is not valid, or a vocabulary that cannot be had."""
-
-
-def _pairs(word):
-    return zip(word, word[1:])
 
 
 def _merge_word(word, pair, new_id):
@@ -41,13 +34,10 @@ def _merge_word(word, pair, new_id):
 
 
 def train_bpe(text, vocab_size):
-    """
-    Byte-level BPE merges learned on `text`. Ids 0..255 are the single bytes; merge i creates
-    token 256 + i from the pair (left_id, right_id). Merges never cross the boundaries of the
-    GPT-2 pre-split chunks, exactly as tiktoken will apply them. Ties between equally frequent
-    pairs go to the lowest pair, so training is deterministic. Stops early when no pair occurs
-    at least twice.
-    """
+    """Byte-level BPE merges learned on `text`. Ids 0..255 are the single bytes; merge i creates token
+    256 + i from the pair (left_id, right_id). Merges never cross the boundaries of the GPT-2 pre-split
+    chunks, exactly as tiktoken will apply them. Ties between equally frequent pairs go to the lowest
+    pair, so training is deterministic. Stops early when no pair occurs at least twice."""
     chunks = Counter(regex.findall(GPT2_SPLIT_PATTERN, text))
     words = [list(chunk.encode("utf-8")) for chunk in chunks]
     freqs = list(chunks.values())
@@ -57,7 +47,7 @@ def train_bpe(text, vocab_size):
     counts = defaultdict(int)
     where = defaultdict(set)
     for w, (word, freq) in enumerate(zip(words, freqs)):
-        for pair in _pairs(word):
+        for pair in zip(word, word[1:]):
             counts[pair] += freq
             where[pair].add(w)
     # max-heap of (-count, pair) with lazy deletion: an entry is live only if its count is current
@@ -79,10 +69,10 @@ def train_bpe(text, vocab_size):
             new_word = _merge_word(word, pair, new_id)
             if len(new_word) == len(word):  # a stale entry of `where`
                 continue
-            for p in _pairs(word):
+            for p in zip(word, word[1:]):
                 counts[p] -= freq
                 changed.add(p)
-            for p in _pairs(new_word):
+            for p in zip(new_word, new_word[1:]):
                 counts[p] += freq
                 changed.add(p)
                 where[p].add(w)
@@ -161,16 +151,13 @@ def _vocab_ranks(vocab, merges, special):
 
 
 class Tokenizer:
-
     def __init__(self, spec):
         kind = spec.get("kind") if isinstance(spec, dict) else None
         if kind == "bpe":
-            merges = spec.get("merges")
+            merges, special = spec.get("merges"), {}
             ranks = _bpe_ranks(merges)
             self.name = f"bpe-{len(ranks)}"
             self.spec = {"kind": "bpe", "merges": [[a, b] for a, b in merges]}
-            self.encoding = tiktoken.Encoding(name=self.name, pat_str=GPT2_SPLIT_PATTERN,
-                                              mergeable_ranks=ranks, special_tokens={})
         elif kind == "gpt2":
             try:
                 self.encoding = tiktoken.get_encoding("gpt2")
@@ -186,12 +173,13 @@ class Tokenizer:
             ranks = _vocab_ranks(vocab, merges, special)
             self.name = f"byte-level-{len(vocab)}"
             self.spec = {"kind": "byte-level", "vocab": dict(vocab), "merges": list(merges), "special": dict(special)}
-            self.encoding = tiktoken.Encoding(name=self.name, pat_str=GPT2_SPLIT_PATTERN,
-                                              mergeable_ranks=ranks, special_tokens=dict(special))
         else:
             shown = repr(kind) if isinstance(spec, dict) else f"of type {type(spec).__name__}"
             raise TokenizerError(f"tokenizer spec is not valid: unknown kind {shown} "
                             f"(expected 'bpe', 'gpt2' or 'byte-level')")
+        if kind != "gpt2":
+            self.encoding = tiktoken.Encoding(name=self.name, pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+                                              special_tokens=dict(special))
         self.vocab_size = self.encoding.n_vocab
 
     @classmethod
@@ -209,8 +197,7 @@ class Tokenizer:
         with open(vocab_path, encoding="utf-8") as f:
             vocab = json.load(f)
         with open(merges_path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
-        merges = [line for line in lines if line and not line.startswith("#version")]
+            merges = [line for line in f.read().split("\n") if line and not line.startswith("#version")]
         special = {t: vocab[t] for t in ("<|endoftext|>",) if t in vocab}
         return cls({"kind": "byte-level", "vocab": vocab, "merges": merges, "special": special})
 
@@ -232,11 +219,8 @@ class Tokenizer:
 
 
 class StreamDecoder:
-    """
-    Turns token ids into text as they arrive without ever emitting half a multi-byte UTF-8
-    character: a token may end in the middle of one, so its bytes are held back until the
-    character is complete.
-    """
+    """Turns token ids into text as they arrive without ever emitting half a multi-byte UTF-8 character:
+    a token may end in the middle of one, so its bytes are held back until the character is complete."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer

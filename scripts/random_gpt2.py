@@ -10,8 +10,8 @@ Its tokenizer has only the 256 single-byte tokens and <|endoftext|>: enough to i
 model, not to read what it writes. Needs transformers (requirements-dev.txt).
 """
 import json
-import os
 import sys
+from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -31,10 +31,8 @@ def main(size, folder):
     GPT2LMHeadModel(config).save_pretrained(folder)
     vocab = {char: i for i, char in enumerate(gpt2_byte_alphabet())}
     vocab["<|endoftext|>"] = VOCAB_SIZE - 1
-    with open(os.path.join(folder, "vocab.json"), "w", encoding="utf-8") as f:
-        json.dump(vocab, f)
-    with open(os.path.join(folder, "merges.txt"), "w", encoding="utf-8") as f:
-        f.write("#version: 0.2\n")
+    Path(folder, "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    Path(folder, "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
     print(f"wrote a random {size} ({n_layer} layers, {n_head} heads, {n_embd} wide) to {folder}")
 
 

@@ -1,6 +1,9 @@
 """The layering the code relies on: packages import no command or top-level module, commands
-import packages but never each other, and no module imports itself back through others."""
+import packages but never each other, no module imports itself back through others; the
+one-sequence loop stays the bare algorithm and no function outgrows a screen."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -61,3 +64,39 @@ def test_no_import_cycles():
                 visit(imported, stack + [module])
     for module in GRAPH:
         visit(module, [])
+
+
+def imported_by(module):
+    """Every project module that importing `module` loads, itself excluded."""
+    seen, todo = set(), [module]
+    while todo:
+        for imported in GRAPH.get(todo.pop(), ()):
+            if imported not in seen:
+                seen.add(imported)
+                todo.append(imported)
+    return seen - {module}
+
+
+def test_the_one_sequence_loop_is_only_the_algorithm():
+    """decode/speculative.py is what a reader opens first: no batch engine, fallback or timing in it."""
+    assert not imported_by("decode.speculative") & {"decode.batch", "decode.fallback"}
+    source = (ROOT / "decode" / "speculative.py").read_text(encoding="utf-8")
+    names = {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.Import, ast.ImportFrom))
+             for alias in node.names}
+    assert not names & {"time", "RowView", "padded_pass", "Fallback"}
+    assert len(source.splitlines()) <= 120
+
+
+def test_data_loads_no_command_line_module():
+    loaded = subprocess.run([sys.executable, "-c", "import sys, data; print(' '.join(sys.modules))"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert not set(loaded) & {"cli", *COMMANDS}
+
+
+def test_no_function_is_longer_than_a_screen():
+    """60 lines at most, the Triton kernel excepted: a function is read at once."""
+    long = [f"{path.relative_to(ROOT)}:{node.name} {node.end_lineno - node.lineno + 1} lines"
+            for path in SOURCES for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60
+            and path.name != "triton_attention.py"]
+    assert not long, long
