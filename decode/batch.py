@@ -185,9 +185,9 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             t0 = time.perf_counter()
             phase()
             seconds.append(time.perf_counter() - t0)
+        phase_seconds = dict(zip(PHASES, seconds))
         for row in batch.active:
-            outcome = Round(row.candidates, row.verdict, row.new, row.width, not batch.speculating,
-                            dict(zip(PHASES, seconds)))
+            outcome = Round(row.candidates, row.verdict, row.new, row.width, not batch.speculating, phase_seconds)
             row.stats.record(outcome)
             if on_round:
                 on_round(row.index, outcome)
