@@ -71,7 +71,7 @@ def parse_args(argv=None):
     p.add_argument("--preset", help=f"model and optimiser preset: {', '.join(PRESETS)} "
                                     "(default: cpu on CPU, gpu on CUDA)")
     p.add_argument("--resume", action="store_true", help="continue each model from its checkpoint in OUT_DIR, "
-                   "with its settings (a model without a checkpoint starts afresh)")
+                   "with its settings (a model without a checkpoint starts afresh; refused if none has one)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--tokenizer", choices=["bpe", "gpt2"], default="bpe",
                    help="bpe: byte-level BPE trained on the training split; gpt2: tiktoken's GPT-2 encoding")
@@ -363,13 +363,19 @@ def main(argv=None):
         raise UserError("--patience must be 0 or more")
     if args.target is not None and args.what not in ("draft", "medusa", "eagle"):
         raise UserError("--target names the model that --what draft, medusa or eagle trains for")
-    text = read_text(args.data)
     kinds = list(KINDS) if args.what == "all" else [args.what]
+    found = [kind for kind in kinds if os.path.exists(checkpoint_path(args.out_dir, kind))]
+    if args.resume and not found:  # as nanoGPT's init_from='resume': a resume with nothing to resume is a mistake
+        raise UserError(f"--resume: {args.out_dir} holds no checkpoint of {' or '.join(kinds)} to resume; "
+                        "leave out --resume to start afresh")
+    if args.resume and len(found) < len(kinds):
+        say(f"resuming {', '.join(found)}; {', '.join(k for k in kinds if k not in found)} start afresh")
+    text = read_text(args.data)
     # what the phases read of the frozen target's outputs: a distilled draft its distributions, the
     # Medusa-1 and EAGLE heads its features (Medusa-2 trains the target itself)
     outputs = {"distributions"} if "draft" in kinds and args.distill else set()
     outputs |= {"features"} if "eagle" in kinds or ("medusa" in kinds and not args.medusa_joint) else set()
-    fresh = RANK == 0 and not any(os.path.exists(checkpoint_path(args.out_dir, kind)) for kind in kinds)
+    fresh = RANK == 0 and not found
     if fresh and (line := plan(args, kinds, outputs, text, phase_settings, device, dtype)):
         say(line)  # about how long the run should take; a resumed one shows each phase's ETA as it goes
     frozen = FrozenTarget(cli.checkpoint_of(args, "target"), text, outputs, device, dtype, say)

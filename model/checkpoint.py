@@ -68,8 +68,8 @@ def load_model(path, kind="target", device="cpu", dtype=torch.float32):
     """(model in eval mode, tokenizer, the checkpoint's other entries: config, data, ...) from a
     checkpoint file."""
     state = load_checkpoint(path, kind, mmap=True)
-    with torch.device("meta"):  # no memory and no random init for weights about to be replaced
-        model = GPT(GPTConfig(**state["config"]))
+    with torch.device("meta"):  # no memory for weights about to be replaced
+        model = GPT(GPTConfig(**state["config"]), init=False)
     model.load_state_dict(state.pop("model"), assign=True)  # the mapped tensors: one copy of a large model, not two
     state.pop("optimizer", None)  # nor does anything keep the file's other tensors mapped
     model.transformer.wte.weight = model.lm_head.weight  # assigning untied them
@@ -116,6 +116,7 @@ def load_heads(path, kind, model, tokenizer, build, device, dtype):
                                   f"saved beside them as medusa-target.pt: decode from a directory holding that "
                                   f"file as target.pt and the heads as medusa.pt")
         raise CheckpointError(f"{path} was trained for another target model", retrain=kind)
-    heads = build(state)
-    heads.load_state_dict(state["model"])
+    with torch.device("meta"):  # as load_model's: no memory for weights about to be replaced
+        heads = build(state)
+    heads.load_state_dict(state["model"], assign=True)
     return heads.to(device=device, dtype=dtype).eval(), state

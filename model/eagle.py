@@ -38,7 +38,8 @@ class EagleConfig:
 
 
 class EagleHead(nn.Module):
-    def __init__(self, target):
+    def __init__(self, target, init=True):
+        """init=False: leave the weights as allocated, for a checkpoint to replace (model/checkpoint.py)."""
         super().__init__()
         c = target.config
         self.config = EagleConfig(c.n_embd, c.n_head)
@@ -48,6 +49,8 @@ class EagleHead(nn.Module):
         # and state dict: the target owns them
         self.target_parts = (target.transformer.wte, target.lm_head)
         self.block_size = c.block_size
+        if not init:
+            return
         for module in (self.fuse, *self.block.modules()):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -96,4 +99,5 @@ def save_eagle(path, head, target_model, tokenizer, **extra):
 
 def load_eagle(path, target_model, tokenizer, device="cpu", dtype=torch.float32):
     """(head in eval mode, raw checkpoint dict) for `target_model`, the target it was trained on."""
-    return load_heads(path, "eagle", target_model, tokenizer, lambda state: EagleHead(target_model), device, dtype)
+    return load_heads(path, "eagle", target_model, tokenizer, lambda state: EagleHead(target_model, init=False),
+                      device, dtype)

@@ -81,23 +81,31 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def unset_embedding(rows, width):
+    """An nn.Embedding that skips its own normal_ init, which on the meta device imports torch._dynamo."""
+    return nn.Embedding.from_pretrained(torch.empty(rows, width), freeze=False)
+
+
 class GPT(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, init=True):
+        """init=False: leave the weights as allocated, for a checkpoint to replace (model/checkpoint.py)."""
         super().__init__()
         self.config = config
+        embedding = nn.Embedding if init else unset_embedding
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            wte=embedding(config.vocab_size, config.n_embd),
+            wpe=embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied input/output embeddings, as GPT-2
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):  # GPT-2's scaled init of the residual projections
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if init:
+            self.apply(self._init_weights)
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):  # GPT-2's scaled init of the residual projections
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):

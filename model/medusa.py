@@ -29,29 +29,33 @@ class MedusaConfig:
 class ResBlock(nn.Module):
     """x + SiLU(W x), with W zero-initialized so that the block starts as the identity."""
 
-    def __init__(self, n_embd):
+    def __init__(self, n_embd, init=True):
         super().__init__()
         self.linear = nn.Linear(n_embd, n_embd)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
+        if init:
+            nn.init.zeros_(self.linear.weight)
+            nn.init.zeros_(self.linear.bias)
 
     def forward(self, x):
         return x + F.silu(self.linear(x))
 
 
 class MedusaHeads(nn.Module):
-    def __init__(self, target, config=MedusaConfig()):
+    def __init__(self, target, config=MedusaConfig(), init=True):
+        """init=False: leave the weights as allocated, for a checkpoint to replace (model/checkpoint.py)."""
         super().__init__()
         self.config = config
         n_embd, vocab_size = target.config.n_embd, target.config.vocab_size
         # one module per head: `[ResBlock(n)] * K` would be K references to a single block
-        self.blocks = nn.ModuleList([ResBlock(n_embd) for _ in range(config.n_heads)])
+        self.blocks = nn.ModuleList([ResBlock(n_embd, init) for _ in range(config.n_heads)])
         if config.tied:
             # a plain tuple keeps the target's lm_head out of this module's parameters and state
             # dict: the target owns it, moves it and saves it
             self.shared_head = (target.lm_head,)
         else:
             self.lm_heads = nn.ModuleList([nn.Linear(n_embd, vocab_size, bias=False) for _ in range(config.n_heads)])
+        if not init:
+            return
         p = target.lm_head.weight
         self.to(device=p.device, dtype=p.dtype)  # before the copies, which must not round through float32
         if not config.tied:
@@ -117,4 +121,5 @@ def load_medusa(path, target_model, tokenizer, device="cpu", dtype=torch.float32
     """(heads in eval mode, raw checkpoint dict) for `target_model`, whose file must be the one the
     heads were trained on. The dict also holds the measured 'accuracies' and the chosen 'tree'."""
     return load_heads(path, "medusa", target_model, tokenizer,
-                      lambda state: MedusaHeads(target_model, MedusaConfig(**state["config"])), device, dtype)
+                      lambda state: MedusaHeads(target_model, MedusaConfig(**state["config"]), init=False),
+                      device, dtype)

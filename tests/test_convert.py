@@ -25,15 +25,11 @@ from tests.test_cli import assert_one_line_error, generate_compared
 
 try:
     import tokenizers
-    import transformers
+
+    from scripts.hf import transformers  # not `import transformers`: our kernels/ shadows a package it needs
 except ImportError:
     tokenizers = transformers = None
-else:
-    # transformers 5 depends on Hugging Face's package `kernels`, whose name this project's kernels/
-    # shadows on the tests' import path; transformers then imports ours in its place and fails. It
-    # needs none of its hub kernels here: say the package is absent.
-    for module in (transformers.utils, transformers.utils.import_utils):
-        module.is_kernels_available = lambda *args, **kwargs: False
+NO_TRANSFORMERS = "Hugging Face transformers is not installed (pip install -r requirements-dev.txt)"
 
 SHAPES = {"small": dict(n_embd=32, n_layer=2, n_head=2), "large": dict(n_embd=48, n_layer=3, n_head=4)}
 CONTEXT = 64
@@ -73,7 +69,7 @@ def hf_tokenizer(tmp_path_factory):
     """(a byte-level BPE trained by Hugging Face on the fixture, the folder of its vocab/merges); every
     test that needs Hugging Face's packages needs this fixture, so here they skip without them."""
     if transformers is None:
-        pytest.skip("Hugging Face transformers is not installed (pip install -r requirements-dev.txt)")
+        pytest.skip(NO_TRANSFORMERS)
     folder = tmp_path_factory.mktemp("bpe")
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train_from_iterator([SHAKESPEARE.read_text(encoding="utf-8")], vocab_size=420, min_frequency=2,
@@ -218,6 +214,20 @@ def test_train_draft_for_an_imported_target(imported, tmp_path):
     assert r.returncode == 0, r.stderr
     _, draft_tokenizer, state = load_model(tmp_path / "draft.pt", kind="draft")
     assert draft_tokenizer.spec == load_model(target)[1].spec and state["config"]["block_size"] == CONTEXT
+
+
+@pytest.mark.skipif(transformers is None, reason=NO_TRANSFORMERS)
+def test_the_documented_random_gpt2_imports(tmp_path):
+    """`python -m scripts.random_gpt2 SIZE DIR` and `python -m model.convert DIR OUT`, as the README's layout
+    and docs/2026-12-03-epyc-f.md run them: each a process of its own, the repository root on its path."""
+    r = run_process("-m", "scripts.random_gpt2", "tiny", tmp_path / "hf")
+    assert r.returncode == 0, r.stderr
+    r = run_process("-m", "model.convert", tmp_path / "hf", tmp_path / "tiny.pt")
+    assert r.returncode == 0, r.stderr
+    model, tokenizer, _ = load_model(tmp_path / "tiny.pt")
+    c = model.config
+    assert (c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size) == (2, 2, 32, 1024, 50257)
+    assert tokenizer.name == "byte-level-257"  # the 256 bytes and <|endoftext|>
 
 
 def test_bad_folders_get_one_line(imported, tmp_path, capsys):

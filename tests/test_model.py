@@ -2,7 +2,10 @@
 import pytest
 import torch
 
+from model.checkpoint import load_model
+from model.eagle import load_eagle
 from model.gpt import GPT, GPTConfig, PRESETS
+from model.medusa import load_medusa
 from tests.conftest import tiny_model
 
 
@@ -115,3 +118,22 @@ def test_positions_past_the_context_are_refused():
     cache.commit()
     with pytest.raises(ValueError, match="positions"):
         model(torch.zeros(1, 3, dtype=torch.long), cache)
+
+
+def test_loading_draws_no_weights(tiny_checkpoint, monkeypatch):
+    """The target and its heads are built on the meta device, uninitialised, for the checkpoint's weights
+    to replace: what torch.nn.init calls are left (nn.Linear's constructor makes its own) draw nothing,
+    and none is normal_, whose meta version imports torch._dynamo (docs/2026-12-06-epyc-u.md)."""
+    calls = []
+
+    def spy(name, init):
+        def spied(tensor, *args, **kwargs):
+            calls.append((name, tensor.is_meta))
+            return init(tensor, *args, **kwargs)
+        return spied
+    for name in ("normal_", "uniform_", "zeros_", "ones_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_"):
+        monkeypatch.setattr(torch.nn.init, name, spy(name, getattr(torch.nn.init, name)))
+    model, tokenizer, _ = load_model(tiny_checkpoint / "target.pt")
+    load_medusa(tiny_checkpoint / "medusa.pt", model, tokenizer)
+    load_eagle(tiny_checkpoint / "eagle.pt", model, tokenizer)
+    assert calls and all(is_meta and name != "normal_" for name, is_meta in calls), calls

@@ -2,6 +2,7 @@
 into micro-batches or among torchrun's processes, it takes the same steps."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from cli import UserError
 from data import TEACHER_TOP, TargetOutputs
 from optim import Muon, make_optimizer, orthogonalise
 from model.checkpoint import load_checkpoint, load_model
-from tests.conftest import ROOT, SHAKESPEARE
+from tests.conftest import ROOT, SHAKESPEARE, run_cli
+from tests.test_cli import assert_one_line_error
 
 TINY = ["--data", str(SHAKESPEARE), "--preset", "tiny", "--vocab-size", "300", "--eval-iters", "2",
         "--log-interval", "10"]
@@ -38,6 +40,22 @@ def test_resume_continues_where_it_stopped(tmp_path, capsys):
     train.main(TINY + ["--out-dir", str(tmp_path), "--what", "target", "--max-iters", "20", "--resume"])
     out = capsys.readouterr().out  # a finished run resumed: nothing trained, nothing said to be saved
     assert f"{tmp_path / 'target.pt'} is already at iteration 20" in out and "saved" not in out
+
+
+def test_resume_with_nothing_to_resume_is_refused_in_one_line(tmp_path):
+    r = run_cli("train.py", *TINY, "--out-dir", tmp_path / "empty", "--what", "draft", "--resume")
+    assert r.returncode == 2 and not (tmp_path / "empty").exists()
+    assert_one_line_error(r, "--resume", "no checkpoint of draft")
+
+
+def test_resume_says_which_phases_start_afresh(tmp_path, tiny_checkpoint):
+    shutil.copytree(tiny_checkpoint, tmp_path, dirs_exist_ok=True)
+    for kind in ("draft", "eagle"):
+        (tmp_path / f"{kind}.pt").unlink()
+    r = run_cli("train.py", *TINY, "--out-dir", tmp_path, "--max-iters", "2", "--eval-interval", "2", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "resuming target, medusa; draft, eagle start afresh"
+    assert load_checkpoint(tmp_path / "draft.pt", "draft")["iter"] == 2 and (tmp_path / "eagle.pt").exists()
 
 
 def test_a_fresh_run_first_says_what_it_will_train_and_for_about_how_long(tmp_path, capsys):
