@@ -1,6 +1,7 @@
 """What the command-line tools share: argument parsing, device and dtype choice, loading the
 target, the sampling and method flags, and turning bad input into one line of advice."""
 import argparse
+import copy
 import os
 import sys
 
@@ -8,7 +9,7 @@ import torch
 
 import kernels
 from data import DataError
-from decode.cost import StoredCosts
+from decode.cost import StoredCosts, forward_seconds, profile_prefix
 from decode.lookahead import SIZING
 from decode.methods import METHODS, SettingError
 from decode.sampling import Sampling
@@ -70,8 +71,8 @@ def checkpoint_of(args, kind):
 def add_device_args(parser, dtype_help="default: float32 on CPU, bfloat16 on CUDA"):
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:N, mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default=None,
-                        help=dtype_help + "; auto: bfloat16 where the device computes it natively (CUDA, a CPU "
-                                          "with AVX512-BF16 or AMX), else float32")
+                        help=dtype_help + "; auto: bfloat16 on CUDA; decoding on a CPU with AVX512-BF16 or AMX, "
+                                          "float32 or bfloat16, whichever measured faster here; else float32")
 
 
 def resolve_device(name):
@@ -92,13 +93,32 @@ def dtype_name(dtype):
 
 
 def resolve_dtype(name, device):
+    """The dtype --dtype names; unnamed or auto: bfloat16 on CUDA that has it, else float32 (see cast_to_auto_dtype)."""
     if name not in (None, "auto"):
         return DTYPES[name]
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    # oneDNN runs bf16 GEMMs in hardware on these; elsewhere it emulates them, slower than float32
-    native = device == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return torch.bfloat16 if name == "auto" and native else torch.float32
+    return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+
+
+def cast_to_auto_dtype(args, model, device):
+    """--dtype auto: `model`, as resolve_dtype loaded it, cast to the dtype returned and said in one line.
+    On a CPU with native bfloat16 (elsewhere oneDNN emulates it, slower), the faster of float32 and a
+    bfloat16 copy (casting back would lose float32's bits) for a decode step, measured once and kept
+    with the costs; bfloat16 changes greedy texts, so only where a step takes 0.9x float32's or less."""
+    def measure():  # in turns, keeping each dtype's quickest: other work on the machine only ever adds time
+        models = {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}
+        turns = [{name: forward_seconds(m, 1, profile_prefix(m)) for name, m in models.items()} for _ in range(7)]
+        return {name: min(turn[name] for turn in turns) for name in models}
+    dtype = resolve_dtype("auto", device)
+    why = "on CUDA: not measured" if dtype == torch.bfloat16 else f"no native bfloat16 on this {device}"
+    if device == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        costs = stored_costs(args, device, dtype)
+        seconds = costs.get("a decode step by dtype", measure)
+        dtype = torch.bfloat16 if seconds["bfloat16"] <= 0.9 * seconds["float32"] else torch.float32
+        why = (f"a decode step here: {', '.join(f'{name} {s * 1e3:.2f} ms' for name, s in seconds.items())}; "
+               f"measured once, kept in {costs.path}")
+    print(f"dtype auto: {dtype_name(dtype)} ({why})", file=sys.stderr)
+    model.to(dtype)
+    return dtype
 
 
 def add_compile_arg(parser):
@@ -222,4 +242,5 @@ def setup(args):
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
     device, dtype = setup_device(args)
     model, tokenizer, state = load_model(checkpoint_of(args, "target"), device=device, dtype=dtype)
+    dtype = cast_to_auto_dtype(args, model, device) if args.dtype == "auto" else dtype  # cast, not loaded again
     return Sampling(args.temperature, args.top_k, args.top_p), device, dtype, model, tokenizer, state

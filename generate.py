@@ -142,7 +142,7 @@ def decode_prompt(args, model, tokenizer, prompt, prompt_ids, sampling, device, 
                                          None if args.json else token_printer(args, decoder))
     text = tokenizer.decode(new_ids)
     result = dict(text=text, prompt=prompt, spec=args.spec, setting=cli.setting_of(args, args.spec),
-                  lossy=bool(args.spec == "medusa" and args.typical),
+                  lossy=bool(args.spec == "medusa" and args.typical), dtype=cli.dtype_name(model.lm_head.weight.dtype),
                   new_tokens=stats.new_tokens,
                   target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
                   tokens_per_s=stats.tokens_per_s, chars_per_s=len(text) / stats.seconds if stats.seconds else 0.0,
@@ -238,8 +238,8 @@ def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, n
     for number, (prompt, new_ids, s) in enumerate(zip(prompts, outputs, stats)):
         text = tokenizer.decode(new_ids)
         if args.json:
-            row = dict(prompt=prompt, text=text, spec=args.spec, new_tokens=s.new_tokens,
-                       target_forwards=s.target_forwards, tau=s.tau, alpha=s.alpha, held=s.held)
+            row = dict(prompt=prompt, text=text, spec=args.spec, dtype=cli.dtype_name(model.lm_head.weight.dtype),
+                       new_tokens=s.new_tokens, target_forwards=s.target_forwards, tau=s.tau, alpha=s.alpha, held=s.held)
             if args.compare:
                 row["plain_text"] = tokenizer.decode(plain_outputs[number])
                 if sampling.greedy:

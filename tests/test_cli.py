@@ -1,4 +1,5 @@
 """The command-line tools: they work, and bad input gets one clear line and a non-zero exit."""
+import argparse
 import json
 import os
 import sys
@@ -6,8 +7,9 @@ import sys
 import pytest
 import torch
 
+import cli
 import kernels
-from tests.conftest import SHAKESPEARE, run_cli, run_process
+from tests.conftest import SHAKESPEARE, run_cli, run_process, tiny_model
 
 
 def assert_one_line_error(result, *words):
@@ -47,6 +49,7 @@ def test_generate_json_past_the_context_window(tiny_checkpoint):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["new_tokens"] == 150 and out["tau"] == 1.0 and out["alpha"] is None and out["spec"] == "none"
+    assert out["dtype"] == "float64"
     assert out["prompt"] == "\n" and isinstance(out["text"], str)
 
 
@@ -170,6 +173,7 @@ def test_generate_batches_of_prompts_say_what_each_prompt_says_alone(tiny_checkp
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [row["prompt"] for row in rows] == ["ROMEO:", "To be", "\n", "And so\nthe king", "O"]
+    assert {row["dtype"] for row in rows} == {"float64"}
     # every row proposed and some accepted: else its text would be plain decoding's whatever the batch did
     assert all(row["alpha"] is not None and row["held"] == 0 for row in rows) and any(row["alpha"] for row in rows)
     assert all(row["text"] == row["plain_text"] and row["identical_to_plain"] for row in rows)
@@ -299,3 +303,53 @@ def test_generate_compiled_says_what_eager_says_and_compiles_once(tiny_checkpoin
     assert len({(run["text"], run["plain_text"]) for run in runs}) == 1
     assert all(f"compiling target.pt's {n}-token pass" in first.stderr for n in (1, 2))
     assert "compiling" not in second.stderr
+
+
+def timed_steps(monkeypatch, native, seconds=None):
+    """A CPU with (or without) native bfloat16, whose decode steps take seconds[dtype]: the list of
+    dtypes that cli.cast_to_auto_dtype timed a step in."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    timed = []
+
+    def forward_seconds(model, n, prefix):
+        timed.append(model.lm_head.weight.dtype)
+        return seconds[model.lm_head.weight.dtype]
+    monkeypatch.setattr(cli, "forward_seconds", forward_seconds)
+    return timed
+
+
+def flags(out_dir):
+    return argparse.Namespace(out_dir=str(out_dir), target=None, draft=None, attn="auto", compile=False)
+
+
+@pytest.mark.parametrize("float32, bfloat16, chosen", [
+    (2e-3, 1e-3, torch.bfloat16),
+    (1e-3, 2e-3, torch.float32),
+    (1e-3, 0.95e-3, torch.float32),  # barely faster does not pay for texts that change
+])
+def test_dtype_auto_takes_the_dtype_measured_faster_once(monkeypatch, capsys, tmp_path, float32, bfloat16, chosen):
+    timed = timed_steps(monkeypatch, True, {torch.float32: float32, torch.bfloat16: bfloat16})
+    model = tiny_model(dtype=torch.float32)
+    weight = model.lm_head.weight.detach().clone()
+    assert cli.cast_to_auto_dtype(flags(tmp_path), model, "cpu") == chosen
+    assert model.lm_head.weight.dtype == chosen and set(timed) == {torch.float32, torch.bfloat16}
+    if chosen == torch.float32:  # bfloat16 was timed on a copy: float32's bits are intact
+        assert torch.equal(model.lm_head.weight, weight)
+    measured = len(timed)
+    assert cli.cast_to_auto_dtype(flags(tmp_path), tiny_model(dtype=torch.float32), "cpu") == chosen
+    assert len(timed) == measured  # read from the costs file, not measured again
+    assert "a decode step by dtype" in (tmp_path / "costs.json").read_text()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == lines[-2] and lines[-1].startswith(f"dtype auto: {cli.dtype_name(chosen)} (a decode step here")
+
+
+def test_dtype_auto_times_bfloat16_only_where_the_cpu_has_it(monkeypatch, capsys, tmp_path):
+    timed = timed_steps(monkeypatch, False)
+    model = tiny_model(dtype=torch.float32)
+    assert cli.cast_to_auto_dtype(flags(tmp_path), model, "cpu") == torch.float32 == model.lm_head.weight.dtype
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert cli.cast_to_auto_dtype(flags(tmp_path), model, "cuda") == torch.bfloat16 == model.lm_head.weight.dtype
+    assert timed == [] and not (tmp_path / "costs.json").exists()
+    assert capsys.readouterr().err.splitlines() == ["dtype auto: float32 (no native bfloat16 on this cpu)",
+                                                    "dtype auto: bfloat16 (on CUDA: not measured)"]

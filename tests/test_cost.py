@@ -55,6 +55,11 @@ def test_generate_measures_the_machine_once_and_bench_profile_refreshes(tiny_che
     assert "measuring" in run_cli(*lookahead).stderr
     draft = ["generate.py", "--out-dir", out, "--spec", "draft", "--k", "auto", "--max-new-tokens", "5"]
     assert "for draft" in run_cli(*draft).stderr and "measuring" not in run_cli(*draft).stderr
+    auto = ["generate.py", "--out-dir", out, "--dtype", "auto", "--max-new-tokens", "5", "--json"]
+    first, second = run_cli(*auto), run_cli(*auto)
+    dtype = json.loads(first.stdout)["dtype"]  # whichever ran faster here, float32 without native bfloat16
+    assert json.loads(second.stdout)["dtype"] == dtype and f"dtype auto: {dtype} (" in second.stderr
+    assert "measuring" not in second.stderr
 
 
 @pytest.mark.parametrize("medians, fitted", [
