@@ -92,27 +92,25 @@ def parse_args(argv=None):
                                                         "--lookahead W,N,G; the sized default row runs always")
     p.add_argument("--num-prompts", type=int, default=None,
                    help="held-out prompts (default 8; with --batch-sizes, the largest batch size)")
-    p.add_argument("--batch-sizes", type=int, nargs="+", metavar="B",
-                   help="decode the prompts in batches of each size B, one batch per row at a time: total "
-                        "tokens/s and speedup per batch size, predicted from the batch's own cost curve (a "
-                        "pass of B rows x n tokens over B x 1); each method runs its default setting unless "
-                        "its flag says otherwise")
+    p.add_argument("--batch-sizes", type=int, nargs="+", metavar="B", help="decode the prompts in batches of each "
+                   "size B, one batch per row at a time: total tokens/s and speedup per batch size, predicted from the "
+                   "batch's own cost curve (a pass of B rows x n tokens over B x 1); each method runs its default "
+                   "setting unless its flag says otherwise")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt length in tokens (default 64)")
     cli.add_sampling_args(p, temperature=0.0)
     p.set_defaults(max_new_tokens=128)
     cli.add_device_args(p)
     cli.add_attn_arg(p)
     cli.add_compile_arg(p)
-    p.add_argument("--profile", nargs="*", metavar="CHECKPOINT",
-                   help="measure r(n) instead of decoding: the target's, after three prefix lengths (this drops the "
-                        "costs stored in OUT_DIR/costs.json for this machine, so that the next run that sizes itself "
-                        "measures them again); or, given checkpoints, each one's after half its context, plotted with"
-                        " --plot into DIR/cost_by_size.png, and with --draft, the draft's step cost c against each "
-                        f"larger one and the speedup the cost model predicts at alpha {', '.join(map(str, ALPHAS))}")
+    p.add_argument("--profile", nargs="*", metavar="CHECKPOINT", help="measure r(n) instead of decoding: the "
+                   "target's, after three prefix lengths (this drops the costs stored in OUT_DIR/costs.json for this "
+                   "machine, so that the next run that sizes itself measures them again); or, given checkpoints, each "
+                   "one's after half its context, plotted with --plot into DIR/cost_by_size.png, and with --draft, the "
+                   f"draft's step cost c against each larger one and the speedup the cost model predicts at alpha "
+                   f"{', '.join(map(str, ALPHAS))}")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="DIR", help="draw the cost curve r(n) and each row's measured and predicted "
-                                                 "speedup into DIR/cost_curve.png and DIR/speedup.png "
-                                                 "(needs matplotlib)")
+                   "speedup into DIR/cost_curve.png and DIR/speedup.png (needs matplotlib)")
     return p.parse_args(argv)
 
 

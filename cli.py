@@ -122,10 +122,10 @@ def cast_to_auto_dtype(args, model, device):
 
 
 def add_compile_arg(parser):
-    parser.add_argument("--compile", action="store_true",
-                        help="run the target's and the draft's passes compiled, at static shapes (model/compiled.py): "
-                             "the same outputs, several times faster on a CPU. Each pass size is compiled once, on "
-                             "first use (up to 45 s each on a 2-core CPU), and kept in OUT_DIR/compiled")
+    parser.add_argument("--compile", action="store_true", help="run the target's and the draft's passes compiled, at "
+                        "static shapes (model/compiled.py): the same outputs, faster on some machines and slower on "
+                        "others (bench.py --compile measures it). Each pass size is compiled once, on first use (up "
+                        "to 45 s each on a 2-core CPU), and kept in OUT_DIR/compiled")
 
 
 def compiled(model, path, args, device, dtype, prepare=False):
@@ -150,9 +150,9 @@ def compiled(model, path, args, device, dtype, prepare=False):
 
 
 def add_attn_arg(parser):
-    parser.add_argument("--attn", choices=kernels.BACKENDS, default="auto",
-                        help="attention kernel: triton (CUDA, or TRITON_INTERPRET=1 on the CPU), torch (the PyTorch "
-                             "reference), auto (torch: on a GPU it measured faster than the kernel) (default auto)")
+    parser.add_argument("--attn", choices=kernels.BACKENDS, default="auto", help="attention kernel: triton (CUDA, or "
+                        "TRITON_INTERPRET=1 on the CPU), torch (PyTorch's scaled_dot_product_attention), auto (torch: "
+                        "on a GPU it measured faster than the kernel) (default auto)")
 
 
 def add_sampling_args(parser, temperature=0.8):

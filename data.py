@@ -21,29 +21,24 @@ class DataError(ValueError):
     """Data that cannot be used (a missing file, a split too short); the commands print it as one line."""
 
 
-def download_shakespeare(path):
-    """Fetch tiny Shakespeare from the char-rnn repository and check it by size."""
-    print(f"downloading tiny Shakespeare to {path} ...")
-    try:
-        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
-            payload = r.read()
-    except OSError as e:
-        raise DataError(f"could not download tiny Shakespeare ({e}); pass a local UTF-8 text file with --data") from e
-    if len(payload) != SHAKESPEARE_SIZE:
-        raise DataError(f"downloaded tiny Shakespeare has {len(payload)} bytes, expected {SHAKESPEARE_SIZE}; "
-                        "pass a local copy with --data")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        f.write(payload)
-    os.replace(path + ".tmp", path)
-
-
 def read_text(path=None):
-    """The text of `path`, or of tiny Shakespeare (downloaded on first use) when path is None."""
-    if path is None:
-        path = DEFAULT_DATA
-        if not os.path.exists(path):
-            download_shakespeare(path)
+    """The text of `path`, or of tiny Shakespeare (downloaded on first use from the char-rnn repository
+    and checked by size) when path is None."""
+    if path is None and not os.path.exists(path := DEFAULT_DATA):
+        print(f"downloading tiny Shakespeare to {path} ...")
+        try:
+            with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
+                payload = r.read()
+        except OSError as e:
+            raise DataError(f"could not download tiny Shakespeare ({e}); "
+                            "pass a local UTF-8 text file with --data") from e
+        if len(payload) != SHAKESPEARE_SIZE:
+            raise DataError(f"downloaded tiny Shakespeare has {len(payload)} bytes, expected {SHAKESPEARE_SIZE}; "
+                            "pass a local copy with --data")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
+            f.write(payload)
+        os.replace(path + ".tmp", path)
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()

@@ -32,22 +32,19 @@ def parse_args(argv=None):
     p = cli.ArgumentParser(description=__doc__, formatter_class=cli.argparse.RawDescriptionHelpFormatter)
     cli.add_checkpoint_args(p)
     p.add_argument("--prompt", default=EMPTY_PROMPT, help="text to continue (default: a newline)")
-    p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead; with --batch-size, "
-                                         "one prompt per line (a .jsonl file: a JSON string or an object "
-                                         "with a \"prompt\" field per line)")
-    p.add_argument("--batch-size", type=int, metavar="B",
-                   help="decode the prompts of --prompt-file B at a time, in one batch: one target pass per "
-                        "round for all rows, each row speculating on its own; prints each text when its batch "
-                        "is done")
+    p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead; with --batch-size, one "
+                   "prompt per line (a .jsonl file: a JSON string or an object with a \"prompt\" field per line)")
+    p.add_argument("--batch-size", type=int, metavar="B", help="decode the prompts of --prompt-file B at a time, in "
+                   "one batch: one target pass per round for all rows, each row speculating on its own; prints "
+                   "each text when its batch is done")
     cli.add_sampling_args(p)
     p.add_argument("--spec", choices=list(METHODS), default="none", help="speculative method (default: none)")
     cli.add_method_args(p)
-    p.add_argument("--compare", action="store_true",
-                   help="also decode plainly with the same settings and seed; report the speedup and, "
-                        "for greedy, whether the texts are identical (--json also carries the plain text)")
-    p.add_argument("--show", action="store_true",
-                   help="colour each token by where it came from: green an accepted draft token, red the "
-                        "target's correction, blue the target's bonus token (only on a terminal)")
+    p.add_argument("--compare", action="store_true", help="also decode plainly with the same settings and seed; "
+                   "report the speedup and, for greedy, whether the texts are identical (--json also carries the "
+                   "plain text)")
+    p.add_argument("--show", action="store_true", help="colour each token by where it came from: green an accepted "
+                   "draft token, red the target's correction, blue the target's bonus token (only on a terminal)")
     cli.add_device_args(p, dtype_help="default: float32 on CPU, bfloat16 on CUDA; float64 for exactness checks")
     cli.add_attn_arg(p)
     cli.add_compile_arg(p)

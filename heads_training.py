@@ -1,13 +1,9 @@
-"""Medusa heads (model/medusa.py). Medusa-1 (the default) freezes the target and only the heads learn,
-on sum_i 0.8^i CE_i. Medusa-2 (--medusa-joint) trains a copy of the target and the heads together on
-L_LM + 0.2 L_heads, the target at a 4x lower learning rate so that the heads' loss nudges its hidden
-states without ruining its own predictions; the new target is saved beside the heads
-(medusa-target.pt). At every evaluation each head's top-1..top-10 accuracy is measured on val; they
-choose the tree saved with the heads (decode.medusa.build_tree).
-
-The EAGLE head (model/eagle.py) also trains on the frozen target, on its features and its
-distributions; at the evaluation its top-1 agreement with the target at draft depths 1..4 is
-measured on val and saved with it.
+"""Medusa heads (model/medusa.py) and the EAGLE head (model/eagle.py, EagleTraining). Medusa-1 (the
+default) freezes the target and only the heads learn, on sum_i 0.8^i CE_i. Medusa-2 (--medusa-joint)
+trains a copy of the target and the heads together on L_LM + 0.2 L_heads, the target at a 4x lower
+learning rate so that the heads' loss nudges its hidden states without ruining its own predictions; the
+new target is saved beside the heads (medusa-target.pt). At every evaluation each head's top-1..top-10
+accuracy is measured on val; they choose the tree saved with the heads (decode.medusa.build_tree).
 """
 import os
 
@@ -66,7 +62,6 @@ class HeadsTraining(nn.Module):
             self.train_split = TargetOutputs.shared(train, target, {"features"}, device)
 
     def describe(self, heads, what=None):
-        """The log line's size of `heads` (, what trains) and iterations."""
         return (f"{sum(p.numel() for p in heads.parameters()) / 1e6:.2f}M parameters, " + (f"{what}, " if what else "")
                 + f"{self.settings['max_iters']} iterations of {self.settings['batch_size']} x {self.block_size} tokens")
 

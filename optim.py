@@ -25,10 +25,9 @@ def make_optimizer(model, settings):
     """AdamW; with settings["optimizer"] == "muon", Muon for muon_matrices(model) and AdamW for the rest."""
     matrices = [p for p in muon_matrices(model) if p.requires_grad] if settings.get("optimizer") == "muon" else []
     rest = [p for p in model.parameters() if p.requires_grad and all(p is not m for m in matrices)]
-    decay = [p for p in rest if p.dim() >= 2]  # embeddings and, without Muon, matrices; not biases or LayerNorms
-    no_decay = [p for p in rest if p.dim() < 2]
-    adam = adamw([dict(params=decay, weight_decay=settings["weight_decay"]), dict(params=no_decay, weight_decay=0.0)],
-                 settings)
+    # decay: embeddings and, without Muon, matrices; not biases or LayerNorms
+    adam = adamw([dict(params=[p for p in rest if p.dim() >= 2], weight_decay=settings["weight_decay"]),
+                  dict(params=[p for p in rest if p.dim() < 2], weight_decay=0.0)], settings)
     if not matrices:
         return adam
     muon = Muon([dict(params=matrices, lr_scale=MUON_LR_SCALE)], lr=settings["learning_rate"] * MUON_LR_SCALE,

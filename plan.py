@@ -33,11 +33,11 @@ def plan(args, kinds, outputs, text, phase_settings, device, dtype):
     draft_cfg = dict(phase_settings(args, "draft", device, target_cfg)[0], vocab_size=target_cfg["vocab_size"])
     medusa, joint = MedusaConfig(args.medusa_heads, args.medusa_tied), args.medusa_joint
     with torch.device("meta"):  # shapes only: no memory, no initialisation
-        target, draft = GPT(GPTConfig(**target_cfg)), GPT(GPTConfig(**draft_cfg))
+        target, draft = GPT(GPTConfig(**target_cfg), init=False), GPT(GPTConfig(**draft_cfg), init=False)
         n_target = target.num_params()
         params = dict(target=n_target, draft=draft.num_params(),
-                      medusa=sum(p.numel() for p in MedusaHeads(target, medusa).parameters()),
-                      eagle=sum(p.numel() for p in EagleHead(target).parameters()))
+                      medusa=sum(p.numel() for p in MedusaHeads(target, medusa, init=False).parameters()),
+                      eagle=sum(p.numel() for p in EagleHead(target, init=False).parameters()))
     lm_head = target.lm_head.weight.numel()
     # per token: (parameters whose products run forward and backward, those that run forward only
     # in a training step and in an evaluation); the EAGLE head trains back through the lm_head, whose

@@ -78,17 +78,17 @@ def parse_args(argv=None):
     p.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size; 256 = plain bytes (default 512)")
     cli.add_device_args(p, dtype_help="parameter dtype (default float32; CUDA trains under bf16 autocast)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--distill", action=cli.argparse.BooleanOptionalAction, default=True,
-                   help="train the draft on the target's predicted distributions instead of the data's next "
-                        "tokens, so that it learns to agree with the target (default: on)")
+    p.add_argument("--distill", action=cli.argparse.BooleanOptionalAction, default=True, help="train the draft on "
+                   "the target's predicted distributions instead of the data's next tokens, so that it learns to "
+                   "agree with the target (default: on)")
     g = p.add_argument_group("Medusa heads")
     g.add_argument("--medusa-heads", type=int, default=4, help="how many heads (default 4)")
-    g.add_argument("--medusa-tied", action="store_true",
-                   help="share the target's output projection instead of giving each head its own copy")
-    g.add_argument("--medusa-joint", action="store_true",
-                   help="Medusa-2: train the target with the heads (saved as medusa-target.pt)")
-    g.add_argument("--tree-size", type=int, default=DEFAULT_TREE_SIZE,
-                   help=f"candidates in the saved Medusa tree (default {DEFAULT_TREE_SIZE})")
+    g.add_argument("--medusa-tied", action="store_true", help="share the target's output projection instead of "
+                   "giving each head its own copy")
+    g.add_argument("--medusa-joint", action="store_true", help="Medusa-2: train the target with the heads (saved as "
+                   "medusa-target.pt)")
+    g.add_argument("--tree-size", type=int, default=DEFAULT_TREE_SIZE, help="candidates in the saved Medusa tree "
+                   f"(default {DEFAULT_TREE_SIZE})")
     g = p.add_argument_group("overrides of the preset")
     for name in ("block_size", "n_layer", "n_head", "n_embd"):
         g.add_argument("--" + name.replace("_", "-"), type=int)

@@ -8,9 +8,8 @@ only itself and is never committed, so every row says exactly what it would say 
 re-prefill their window after a slide run a forward of their own (a RowView of the cache), so that
 the others are not padded to half a window; a row that has its tokens leaves the batch. Where
 speculating does not pay (at large batch sizes nothing does), a Fallback (decode/fallback.py) keeps
-the whole batch plain for as long as plain rounds are measured faster. What observes a round goes
-through one hook: each row's DecodeStats records the row's Round, and so does on_round, if given.
-"""
+the whole batch plain while plain rounds are measured faster. One hook observes a round: each row's
+DecodeStats records its Round, and so does on_round, if given."""
 import time
 from dataclasses import dataclass, field
 
@@ -28,8 +27,7 @@ from model.kv_cache import RowView
 
 @dataclass
 class _Row:
-    """One sequence of a batch: its tokens, its proposer, what its part of the cache holds and this
-    round's pass, verdict and new tokens."""
+    """One sequence of a batch: its text, proposer and window, and this round's pass and verdict."""
     index: int  # in the batch as given (its place in the cache shifts as other rows finish)
     prompt_length: int
     tokens: list

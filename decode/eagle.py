@@ -51,7 +51,6 @@ CALIBRATION_BINS, CALIBRATION_WEIGHT = 5, 2
 
 
 def parse_shape(value):
-    """(shape, size) from "chain:K", "chain:auto", "tree:N" or "tree:auto"."""
     shape, _, size = value.partition(":")
     largest = {"chain": MAX_CHAIN, "tree": MAX_TREE}.get(shape)
     if largest is None or not (size == "auto" or size.isdigit() and 1 <= int(size) <= largest):
@@ -110,8 +109,7 @@ class Eagle(Proposer):
         index = {v: i for i, v in enumerate(chosen)}
         parents = [index.get(tree[v].parent, -1) for v in chosen]
         self.judging = [(tree[v], parent) for v, parent in zip(chosen, parents)]
-        return Candidates([tree[v].token for v in chosen], parents,
-                          torch.stack(draws[:len(chosen)]) if draws else None)
+        return Candidates([tree[v].token for v in chosen], parents, torch.stack(draws[:len(chosen)]) if draws else None)
 
     def update(self, tokens, verdict, logits, hidden):
         """hidden: (tail + n, C), every row of the pass: the uncached tail ending with the root,

@@ -57,7 +57,6 @@ METHODS = {m.name: m for m in [
 
 
 def _sizes(method, setting, count):
-    """`count` comma-separated integers from 1 to MAX_SIZE."""
     try:
         values = tuple(int(x) for x in setting.split(","))
     except ValueError:

@@ -161,11 +161,6 @@ class ReachTally:
             self.hits[d] += accepted >= d
 
 
-def trie_size(sequences, depth):
-    """Candidates in the trie of `sequences` cut at `depth` (shared prefixes count once)."""
-    return len({tuple(seq[:d]) for seq in sequences for d in range(1, min(depth, len(seq)) + 1)})
-
-
 class LookaheadSizing:
     """Fu et al. size W, N, G to an accelerator's idle compute; on a CPU fixed sizes lose to plain
     decoding. So a pass takes the verification depth (0..N-1) and the window or not, of most
@@ -187,7 +182,8 @@ class LookaheadSizing:
 
         def tokens_per_cost(option):
             depth, ride = option
-            size = 1 + trie_size(grams, depth) + (self.window_tokens if ride else 0)
+            trie = {tuple(seq[:d]) for seq in grams for d in range(1, min(depth, len(seq)) + 1)}  # shared prefixes once
+            size = 1 + len(trie) + (self.window_tokens if ride else 0)
             return (1 + self.reach.expected(depth) + (window_gain if ride else 0)) / self.r[size - 1]
 
         best, largest = max(options, key=tokens_per_cost), options[-1]

@@ -86,9 +86,8 @@ def verify_sampling(probs, candidates, generator=None):
 
 
 def verify(logits, candidates, sampling, generator=None, rule=None):
-    """The verdict on one pass: `rule` if the method declares a lossy one of its own (Medusa's
-    typical acceptance), else the exact verifier for the sampling settings. logits: (n+1, vocab)
-    at [root, candidates...]."""
+    """The verdict on one pass, logits (n+1, vocab) at [root, candidates...]: a method's own lossy
+    `rule` if it declares one (Medusa's typical acceptance), else the exact verifier."""
     if rule:
         return rule(logits, candidates, sampling, generator)
     if sampling.greedy:

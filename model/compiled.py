@@ -134,37 +134,28 @@ class StaticGPT:
     def _load_or_compile(self, bucket, args):
         if self.package_dir is None:
             return self.static_pass
-        path = os.path.join(self.package_dir, f"pass{bucket}-capacity{args[-1].size(3)}-code{code_fingerprint()}.pt2")
+        # a hash of the code a pass is compiled from, so that a package built from older code is never loaded
+        h = hashlib.sha256()
+        for module in (gpt, kernels, reference, sys.modules[__name__]):
+            with open(module.__file__, "rb") as f:
+                h.update(f.read())
+        path = os.path.join(self.package_dir, f"pass{bucket}-capacity{args[-1].size(3)}-code{h.hexdigest()[:12]}.pt2")
         if not os.path.exists(path):
             self.on_compile(bucket, None)
             started = time.perf_counter()
-            compile_package(self.static_pass, args, path)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            chatter = io.StringIO()  # the compiler's autotuning tables, kept off the terminal unless it fails
+            try:
+                with contextlib.redirect_stderr(chatter):
+                    program = torch.export.export(self.static_pass, args)
+                    backends = GEMM_BACKENDS.get(args[0].device.type, "ATEN")
+                    options = dict(COMPILE_OPTIONS, max_autotune_gemm_backends=backends)
+                    partial = path.removesuffix(".pt2") + ".partial.pt2"  # written atomically
+                    built = torch._inductor.aoti_compile_and_package(program, package_path=partial,
+                                                                     inductor_configs=options)
+            except Exception:
+                print(chatter.getvalue()[-4000:], end="", file=sys.stderr)
+                raise
+            os.replace(built, path)
             self.on_compile(bucket, time.perf_counter() - started)
         return torch._inductor.aoti_load_package(path)
-
-
-def code_fingerprint():
-    """A short hash of the code a pass is compiled from, so that a package built from older code is
-    never loaded in its place."""
-    h = hashlib.sha256()
-    for module in (gpt, kernels, reference, sys.modules[__name__]):
-        with open(module.__file__, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:12]
-
-
-def compile_package(static_pass, args, path):
-    """Compile `static_pass` for the shapes of `args` into an AOTInductor package at `path`,
-    written atomically. The compiler's autotuning tables are kept off the terminal unless it fails."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    chatter = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(chatter):
-            program = torch.export.export(static_pass, args)
-            options = dict(COMPILE_OPTIONS, max_autotune_gemm_backends=GEMM_BACKENDS.get(args[0].device.type, "ATEN"))
-            partial = path.removesuffix(".pt2") + ".partial.pt2"
-            built = torch._inductor.aoti_compile_and_package(program, package_path=partial, inductor_configs=options)
-    except Exception:
-        print(chatter.getvalue()[-4000:], end="", file=sys.stderr)
-        raise
-    os.replace(built, path)

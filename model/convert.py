@@ -78,7 +78,6 @@ def read_safetensors(path):
 
 
 def read_weights(hf_dir):
-    """GPT-2's tensors by their Hugging Face names, from model.safetensors or pytorch_model.bin."""
     path = os.path.join(hf_dir, "model.safetensors")
     if os.path.exists(path):
         return read_safetensors(path)
@@ -133,8 +132,7 @@ def convert(hf_dir, out_path):
     with torch.device("meta"):
         model = GPT(config)
     model.load_state_dict(gpt_state_dict(read_weights(hf_dir), model), assign=True)
-    save_checkpoint(out_path, model, tokenizer, kind="target", data=None,
-                    source=dict(hf_dir=os.path.abspath(hf_dir)))
+    save_checkpoint(out_path, model, tokenizer, kind="target", data=None, source=dict(hf_dir=os.path.abspath(hf_dir)))
     return config, tokenizer
 
 

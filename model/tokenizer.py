@@ -166,8 +166,7 @@ class Tokenizer:
                     f"the GPT-2 vocabulary could not be downloaded or found in tiktoken's cache "
                     f"(set TIKTOKEN_CACHE_DIR to a folder holding it) ({type(e).__name__}: {e}); "
                     f"use the default trained BPE tokenizer instead") from e
-            self.name = "gpt2"
-            self.spec = {"kind": "gpt2"}
+            self.name, self.spec = "gpt2", {"kind": "gpt2"}
         elif kind == "byte-level":
             vocab, merges, special = spec.get("vocab"), spec.get("merges"), spec.get("special", {})
             ranks = _vocab_ranks(vocab, merges, special)
@@ -204,8 +203,7 @@ class Tokenizer:
     def encode(self, text):
         return self.encoding.encode_ordinary(text)
 
-    def decode(self, ids):
-        """ids may be any iterable of ints, e.g. a list or a 1-D tensor."""
+    def decode(self, ids):  # ids: any iterable of ints, e.g. a list or a 1-D tensor
         return self.encoding.decode([int(i) for i in ids], errors="replace")
 
     def token_bytes(self, token_id):
