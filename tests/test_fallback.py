@@ -2,6 +2,8 @@
 as often as the time it loses allows, and follows a change in which one is faster."""
 import itertools
 
+import torch
+
 from decode.fallback import PROBE_GAP, PROBE_SHARE, TRIAL_ROUNDS, Fallback
 from decode.methods import make_proposer
 from decode.sampling import Sampling
@@ -65,3 +67,33 @@ def test_a_held_method_still_says_what_plain_decoding_says():
     assert out == alone
     assert fallback.measured[True] >= TRIAL_ROUNDS and fallback.measured[False] >= TRIAL_ROUNDS
     assert stats.held_rounds >= TRIAL_ROUNDS
+
+
+class AlwaysPlain:
+    """A fallback that holds every round plain."""
+
+    def speculate(self):
+        return False
+
+    def record(self, *measured):
+        pass
+
+
+def test_a_held_round_runs_nothing_but_the_target(monkeypatch):
+    """Counted, not timed: with every round held, no method proposes, and no module but the target's
+    runs a forward (a draft model, EAGLE's head) nor counts one (Medusa's heads): what their updates
+    keep is bookkeeping."""
+    from tests.test_batch import METHODS, PROMPTS, TARGET
+    target_modules, plain = set(TARGET.modules()), generate_batch(TARGET, PROMPTS, 40, Sampling())[0]
+    others = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: others.append(type(module).__name__) if module not in target_modules else None)
+    try:
+        for method, new_proposer in METHODS.items():
+            proposers = [new_proposer() for _ in PROMPTS]
+            monkeypatch.setattr(type(proposers[0]), "propose_rows", None)  # calling it would fail
+            outputs, stats = generate_batch(TARGET, PROMPTS, 40, Sampling(), proposers=proposers, fallback=AlwaysPlain())
+            assert outputs == plain, method
+            assert others == [] and all(s.draft_forwards == 0 and s.held == 1 for s in stats), method
+    finally:
+        hook.remove()
