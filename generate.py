@@ -8,18 +8,22 @@
     python generate.py --spec eagle --eagle chain:4 --compare --show
     python generate.py --target gpt2-medium.pt --spec draft --draft gpt2.pt --prompt "Hello"
     python generate.py --prompt-file prompts.txt --batch-size 8 --spec prompt-lookup --json
+    python generate.py --spec eagle --temperature 0.8 --trace eagle   # eagle.html: every round drawn
 
 An empty prompt starts from a newline, the way a play's text starts a new line.
 """
 import json
+import os
 import sys
 import time
 
 import torch
 
 import cli
+import trace_page
 from decode import Fallback, Plain, generate_batch
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
+from decode.trace import Trace
 from model.eagle import load_eagle
 from model.medusa import load_medusa
 
@@ -49,6 +53,8 @@ def parse_args(argv=None):
     cli.add_attn_arg(p)
     cli.add_compile_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
+    p.add_argument("--trace", metavar="FILE", help="write every round (the candidates, what the verifier judged, "
+                   "p(x) and q(x), the tokens added) as a page, FILE.html, and as data, FILE.json; one prompt")
     return p.parse_args(argv)
 
 
@@ -94,6 +100,7 @@ def main(argv=None):
     setting = cli.setting_of(args, args.spec)
     parse_setting(args.spec, setting)  # bad settings are refused before anything is loaded
     prompts = read_prompts(args) if args.batch_size is not None else [read_prompt(args)]
+    check_trace(args)
     sampling, device, dtype, model, tokenizer, _ = cli.setup(args)
     all_ids = encode_prompts(args, tokenizer, prompts, model.config.block_size)
     model, new_proposer = load_method(args, setting, model, tokenizer, device, dtype)
@@ -135,11 +142,14 @@ def decode_prompt(args, model, tokenizer, prompt, prompt_ids, sampling, device, 
     decoder = tokenizer.stream_decoder()
     if not args.json:
         sys.stdout.write(prompt)
+    lossy = bool(args.spec == "medusa" and args.typical)
+    trace = Trace(sampling, lossy) if args.trace else None
     (new_ids,), (stats,), _ = decode_all(args, model, [prompt_ids], sampling, device, [proposer], new_fallback(args),
-                                         None if args.json else token_printer(args, decoder))
+                                         None if args.json else token_printer(args, decoder),
+                                         trace and (lambda row, outcome: trace.record(outcome)))
     text = tokenizer.decode(new_ids)
     result = dict(text=text, prompt=prompt, spec=args.spec, setting=cli.setting_of(args, args.spec),
-                  lossy=bool(args.spec == "medusa" and args.typical), dtype=cli.dtype_name(model.lm_head.weight.dtype),
+                  lossy=lossy, dtype=cli.dtype_name(model.lm_head.weight.dtype),
                   new_tokens=stats.new_tokens,
                   target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
                   tokens_per_s=stats.tokens_per_s, chars_per_s=len(text) / stats.seconds if stats.seconds else 0.0,
@@ -149,6 +159,10 @@ def decode_prompt(args, model, tokenizer, prompt, prompt_ids, sampling, device, 
         result.update(plain_text=tokenizer.decode(plain_ids), plain_tokens_per_s=plain_stats.tokens_per_s,
                       speedup=stats.tokens_per_s / plain_stats.tokens_per_s,
                       identical_to_plain=(plain_ids == new_ids) if sampling.greedy else None)
+    if trace:
+        write_trace(args, trace.as_dict(stats, lambda t: tokenizer.token_bytes(t).decode("utf-8", "replace"),
+                                        method=args.spec, setting=result["setting"], dtype=result["dtype"],
+                                        prompt=prompt, text=text, prompt_tokens=prompt_ids, tokens=new_ids))
     if args.json:
         print(json.dumps(result))
         return 0
@@ -189,7 +203,7 @@ def summary_line(args, stats, result, sampling):
     return line
 
 
-def decode_all(args, model, all_ids, sampling, device, proposers, fallback=None, on_token=None):
+def decode_all(args, model, all_ids, sampling, device, proposers, fallback=None, on_token=None, on_round=None):
     """The prompts in batches of len(proposers), from the seed: (each prompt's new token ids, its
     DecodeStats, the seconds it all took)."""
     torch.manual_seed(args.seed)
@@ -198,7 +212,7 @@ def decode_all(args, model, all_ids, sampling, device, proposers, fallback=None,
     for i in range(0, len(all_ids), len(proposers)):
         batch = all_ids[i:i + len(proposers)]
         new, batch_stats = generate_batch(model, batch, args.max_new_tokens, sampling, generator, on_token,
-                                          proposers[:len(batch)], fallback)
+                                          proposers[:len(batch)], fallback, on_round)
         outputs += new
         stats += batch_stats
     return outputs, stats, time.perf_counter() - started
@@ -213,6 +227,25 @@ def warm_up(model, batch, sampling, *proposer_lists):
 def new_fallback(args):
     """The measured fallback to plain rounds, unless --no-fallback (plain decoding needs none)."""
     return Fallback() if args.fallback and args.spec != "none" else None
+
+
+def check_trace(args):
+    """--trace: refused before anything runs where it cannot be written, or would follow many prompts."""
+    if args.trace is None:
+        return
+    if args.batch_size is not None:
+        raise cli.UserError("--trace follows one prompt: leave out --batch-size")
+    folder = os.path.dirname(trace_page.stem(args.trace)) or "."
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise cli.UserError(f"--trace {args.trace}: cannot write in {folder}")
+
+
+def write_trace(args, data):
+    try:
+        paths = trace_page.write(args.trace, data)
+    except OSError as e:
+        raise cli.UserError(f"--trace {args.trace}: {e.strerror or e}") from None
+    print(f"trace: {' and '.join(paths)}", file=sys.stderr)
 
 
 def held_note(held):

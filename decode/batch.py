@@ -185,7 +185,8 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             seconds.append(time.perf_counter() - t0)
         phase_seconds = dict(zip(PHASES, seconds))
         for row in batch.active:
-            outcome = Round(row.candidates, row.verdict, row.new, row.width, not batch.speculating, phase_seconds)
+            outcome = Round(row.candidates, row.verdict, row.new, row.width, not batch.speculating, phase_seconds,
+                            row.logits)
             row.stats.record(outcome)
             if on_round:
                 on_round(row.index, outcome)

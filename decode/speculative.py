@@ -68,7 +68,7 @@ def generate(model, prompt, max_new_tokens, sampling, generator=None, on_token=N
                 on_token(token, source)
         # 5. the method's own update
         proposer.update(tokens, verdict, logits, hidden)
-        outcome = Round(candidates, verdict, new)
+        outcome = Round(candidates, verdict, new, logits=logits)
         stats.record(outcome)
         if on_round:
             on_round(outcome)

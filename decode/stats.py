@@ -17,6 +17,7 @@ class Round:
     width: int = 0            # in a batch: the checked size its pass was padded to (0: not padded)
     held: bool = False        # a Fallback kept the round plain
     phase_seconds: dict = field(default_factory=dict)  # by PHASES, where the decoder times them
+    logits: object = None     # the pass's, at [root, candidates..., side...]: a trace replays the verdict on them
 
     @property
     def checked(self):
