@@ -320,7 +320,7 @@ def main(argv=None):
         return profile_checkpoints(args)
     sampling, device, dtype, target, tokenizer, state = cli.setup(args)
     model = cli.compiled(target, cli.checkpoint_of(args, "target"), args, device, dtype, prepare=True)  # no compile inside a timed run
-    header = dict(command=args.command, device=device, dtype=cli.dtype_name(dtype), compiled=args.compile,
+    header = dict(command=args.command, device=device, dtype=cli.dtype_name(dtype), compiled=bool(args.compile),
                   params_millions=round(target.num_params() / 1e6, 2), threads=torch.get_num_threads(),
                   sampling="greedy" if sampling.greedy else f"temperature {args.temperature}")
     if args.profile is not None:

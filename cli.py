@@ -104,15 +104,12 @@ def cast_to_auto_dtype(args, model, device):
     On a CPU with native bfloat16 (elsewhere oneDNN emulates it, slower), the faster of float32 and a
     bfloat16 copy (casting back would lose float32's bits) for a decode step, measured once and kept
     with the costs; bfloat16 changes greedy texts, so only where a step takes 0.9x float32's or less."""
-    def measure():  # in turns, keeping each dtype's quickest: other work on the machine only ever adds time
-        models = {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}
-        turns = [{name: forward_seconds(m, 1, profile_prefix(m)) for name, m in models.items()} for _ in range(7)]
-        return {name: min(turn[name] for turn in turns) for name in models}
     dtype = resolve_dtype("auto", device)
     why = "on CUDA: not measured" if dtype == torch.bfloat16 else f"no native bfloat16 on this {device}"
     if device == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
         costs = stored_costs(args, device, dtype)
-        seconds = costs.get("a decode step by dtype", measure)
+        seconds = costs.get("a decode step by dtype", lambda: quickest_steps(
+            {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}))
         dtype = torch.bfloat16 if seconds["bfloat16"] <= 0.9 * seconds["float32"] else torch.float32
         why = (f"a decode step here: {', '.join(f'{name} {s * 1e3:.2f} ms' for name, s in seconds.items())}; "
                f"measured once, kept in {costs.path}")
@@ -121,11 +118,21 @@ def cast_to_auto_dtype(args, model, device):
     return dtype
 
 
+def quickest_steps(models):
+    """{name: the quickest of seven decode steps} of each model, timed in turns: other work on the
+    machine only ever adds time, and alike to each."""
+    prefix = profile_prefix(next(iter(models.values())))
+    turns = [{name: forward_seconds(m, 1, prefix) for name, m in models.items()} for _ in range(7)]
+    return {name: min(turn[name] for turn in turns) for name in models}
+
+
 def add_compile_arg(parser):
-    parser.add_argument("--compile", action="store_true", help="run the target's and the draft's passes compiled, at "
-                        "static shapes (model/compiled.py): the same outputs, faster on some machines and slower on "
-                        "others (bench.py --compile measures it). Each pass size is compiled once, on first use (up "
-                        "to 45 s each on a 2-core CPU), and kept in OUT_DIR/compiled")
+    parser.add_argument("--compile", nargs="?", const="auto", choices=["auto", "always"],
+                        help="run the target's and the draft's passes compiled, at static shapes (model/compiled.py): "
+                        "the same outputs, faster on some machines and slower on others. auto (--compile alone): "
+                        "generate.py times a decode step both ways, once, and runs eagerly where compiling does not "
+                        "pay; bench.py always compiles. Each pass size is compiled once, on first use (up to 45 s "
+                        "each on a 2-core CPU), and kept in OUT_DIR/compiled")
 
 
 def compiled(model, path, args, device, dtype, prepare=False):
@@ -147,6 +154,26 @@ def compiled(model, path, args, device, dtype, prepare=False):
     if prepare:
         static.prepare()
     return static
+
+
+def compiled_where_it_pays(model, path, args, device, dtype):
+    """generate.py --compile [auto]: `model` on the compiled path if a compiled decode step measured at most
+    0.9x an eager one here (a compiled run also loads its packages), else `model` as it is; measured
+    once per checkpoint, kept with the costs, and said in one line either way."""
+    static = compiled(model, path, args, device, dtype)
+    if static is model or args.compile == "always":
+        return static
+    costs, name = stored_costs(args, device, dtype), os.path.basename(path)
+
+    def measure():
+        static.prepare([1])
+        return quickest_steps({"eager": model, "compiled": static})
+    seconds = costs.get(f"a decode step of {name}, eager and compiled", measure)
+    pays = seconds["compiled"] <= 0.9 * seconds["eager"]
+    print(f"compile {name}: {'yes' if pays else 'no: eager passes are as fast here'} (a decode step here: "
+          f"eager {seconds['eager'] * 1e3:.2f} ms, compiled {seconds['compiled'] * 1e3:.2f} ms; measured once, "
+          f"kept in {costs.path})", file=sys.stderr)
+    return static if pays else model
 
 
 def add_attn_arg(parser):
@@ -205,7 +232,7 @@ def stored_costs(args, device, dtype):
     stats = {os.path.basename(f): os.stat(f) for f in files if os.path.exists(f)}
     signature = " ".join(f"{name} {st.st_size} {st.st_mtime_ns}" for name, st in stats.items())
     machine = (f"{signature} | {device} {dtype_name(dtype)} attn={args.attn} "
-               f"compiled={args.compile} threads={torch.get_num_threads()}")
+               f"compiled={bool(args.compile)} threads={torch.get_num_threads()}")
 
     def say(name):
         print(f"measuring this machine's pass costs for {name} (once: kept in {args.out_dir}/costs.json)",

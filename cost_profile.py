@@ -33,7 +33,7 @@ def profile_checkpoints(args):
     tokenizer and the speedup the cost model predicts for it at a few acceptance rates."""
     device, dtype = cli.setup_device(args)
     header = dict(command=args.command, device=device, dtype=cli.dtype_name(dtype),
-                  compiled=args.compile, threads=torch.get_num_threads())
+                  compiled=bool(args.compile), threads=torch.get_num_threads())
 
     def load(path, kind="target"):
         """(the model at `path`, compiled if asked; its tokenizer; its parameter count)"""

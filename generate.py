@@ -24,6 +24,7 @@ import trace_page
 from decode import Fallback, Plain, generate_batch
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from decode.trace import Trace
+from model.compiled import StaticGPT
 from model.eagle import load_eagle
 from model.medusa import load_medusa
 
@@ -103,7 +104,7 @@ def main(argv=None):
     check_trace(args)
     sampling, device, dtype, model, tokenizer, _ = cli.setup(args)
     all_ids = encode_prompts(args, tokenizer, prompts, model.config.block_size)
-    model, new_proposer = load_method(args, setting, model, tokenizer, device, dtype)
+    model, new_proposer = load_method(args, setting, model, tokenizer, device, dtype, all_ids)
     if args.batch_size is not None:
         return decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, new_proposer)
     return decode_prompt(args, model, tokenizer, prompts[0], all_ids[0], sampling, device, new_proposer())
@@ -119,19 +120,25 @@ def encode_prompts(args, tokenizer, prompts, block_size):
     return all_ids
 
 
-def load_method(args, setting, model, tokenizer, device, dtype):
-    """(the target, compiled if asked, and new_proposer(batch_size) for --spec), loading what it needs."""
+def load_method(args, setting, model, tokenizer, device, dtype, all_ids):
+    """(the target, compiled if asked, and new_proposer(batch_size) for --spec), loading what it needs;
+    compiled, the passes that decoding all_ids will run are loaded (or compiled, once) before it is timed."""
     costs = cli.stored_costs(args, device, dtype)
     draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), model, tokenizer, device, dtype) if args.spec == "medusa" else None
     eagle_head = load_eagle(cli.checkpoint_of(args, "eagle"), model, tokenizer, device, dtype) if args.spec == "eagle" else None
-    model = cli.compiled(model, cli.checkpoint_of(args, "target"), args, device, dtype)
-    draft = cli.compiled(draft, cli.checkpoint_of(args, "draft"), args, device, dtype)
+    model, draft = (cli.compiled_where_it_pays(m, cli.checkpoint_of(args, kind), args, device, dtype)
+                    for m, kind in ((model, "target"), (draft, "draft")))
 
     def new_proposer(batch_size=1):
         return make_proposer(args.spec, setting, model, draft, heads, sizing=args.sizing,
                              pool_from_prompt=args.pool_from_prompt, typical=args.typical, costs=costs,
                              eagle_head=eagle_head, batch_size=batch_size)
+    statics = [m for m in (model, draft) if isinstance(m, StaticGPT)]
+    if statics:  # loaded before they are timed: each prompt's prefill, passes of the root and up to max_candidates
+        sizes = {len(ids) for ids in all_ids} | set(range(1, new_proposer().max_candidates + 2))
+        for static in statics:
+            static.prepare(sizes)
     return model, new_proposer
 
 
@@ -150,6 +157,7 @@ def decode_prompt(args, model, tokenizer, prompt, prompt_ids, sampling, device, 
     text = tokenizer.decode(new_ids)
     result = dict(text=text, prompt=prompt, spec=args.spec, setting=cli.setting_of(args, args.spec),
                   lossy=lossy, dtype=cli.dtype_name(model.lm_head.weight.dtype),
+                  compiled=isinstance(model, StaticGPT),
                   new_tokens=stats.new_tokens,
                   target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
                   tokens_per_s=stats.tokens_per_s, chars_per_s=len(text) / stats.seconds if stats.seconds else 0.0,

@@ -122,11 +122,13 @@ class StaticGPT:
         cache.wrote(n)  # the real entries: a commit never keeps the padding
         return (logits, hidden) if return_hidden else logits
 
-    def prepare(self):
-        """Load or compile every bucket a pass can use now, rather than on first use (a benchmark
-        must not time a compile)."""
+    def prepare(self, sizes=None):
+        """Load or compile now, rather than on first use, the buckets of passes of `sizes` tokens
+        (default: of every size): a timed run must not load a package, let alone compile one."""
+        sizes = range(1, self.buckets[-1] + 1) if sizes is None else sizes
+        buckets = {next((b for b in self.buckets if b >= n), None) for n in sizes}
         cache = self.new_cache(scratch=0)
-        for bucket in self.buckets:
+        for bucket in sorted(buckets - {None}):
             if bucket <= self.config.block_size:  # no pass is longer than the context
                 self(torch.zeros(1, bucket, dtype=torch.long, device=cache.k.device), cache)
                 cache.rollback(0)

@@ -9,6 +9,7 @@ import torch
 
 import cli
 import kernels
+from model.compiled import StaticGPT
 from tests.conftest import SHAKESPEARE, run_cli, run_process, tiny_model
 
 
@@ -296,7 +297,8 @@ def test_generate_compiled_says_what_eager_says_and_compiles_once(tiny_checkpoin
             "--prompt-lookup", "1,1,1", "--compare", "--no-fallback", "--max-new-tokens", "16", "--temperature", "0",
             "--json")
     eager = run_cli(*args)
-    first, second = (run_process(*args, "--compile", timeout=300) for _ in range(2))  # the second reads the disk
+    # --compile always: whether compiling pays is not this test's business; the second run reads the disk
+    first, second = (run_process(*args, "--compile", "always", timeout=300) for _ in range(2))
     assert eager.returncode == first.returncode == second.returncode == 0, first.stderr + second.stderr
     runs = [json.loads(r.stdout) for r in (eager, first, second)]
     assert all(run["alpha"] for run in runs)  # guesses were verified, and some held
@@ -353,3 +355,27 @@ def test_dtype_auto_times_bfloat16_only_where_the_cpu_has_it(monkeypatch, capsys
     assert timed == [] and not (tmp_path / "costs.json").exists()
     assert capsys.readouterr().err.splitlines() == ["dtype auto: float32 (no native bfloat16 on this cpu)",
                                                     "dtype auto: bfloat16 (on CUDA: not measured)"]
+
+
+@pytest.mark.parametrize("eager, compiled, pays", [(2e-3, 1e-3, True), (1e-3, 2e-3, False), (1e-3, 0.95e-3, False)])
+def test_compile_runs_compiled_only_where_a_step_measured_faster_once(monkeypatch, capsys, tmp_path, eager, compiled,
+                                                                      pays):
+    timed = []
+
+    def forward_seconds(model, n, prefix):
+        timed.append(type(model).__name__)
+        return compiled if isinstance(model, StaticGPT) else eager
+    monkeypatch.setattr(cli, "forward_seconds", forward_seconds)
+    monkeypatch.setattr(StaticGPT, "prepare", lambda self, sizes=None: None)  # nothing is compiled here
+    (tmp_path / "target.pt").write_bytes(b"a checkpoint")
+    args = flags(tmp_path)
+    args.compile = "auto"
+    model = tiny_model(dtype=torch.float32)
+    chosen = cli.compiled_where_it_pays(model, str(tmp_path / "target.pt"), args, "cpu", torch.float32)
+    assert isinstance(chosen, StaticGPT) == pays and (chosen.model if pays else chosen) is model
+    assert set(timed) == {"GPT", "StaticGPT"}
+    measured = len(timed)
+    cli.compiled_where_it_pays(model, str(tmp_path / "target.pt"), args, "cpu", torch.float32)
+    assert len(timed) == measured  # read from the costs file, not measured again
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == lines[-2] and lines[-1].startswith("compile target.pt: " + ("yes" if pays else "no"))
