@@ -116,12 +116,13 @@ class Eagle(Proposer):
         then the candidates. The rows of the tail and of the accepted path are the features of the
         tokens the target has just committed; each pairs with the token after it."""
         tail = len(hidden) - len(logits) + 1
-        rows = list(range(tail)) + [tail - 1 + c for c in verdict.path]
-        first = len(tokens) - 1 - len(rows)  # the first of those tokens
+        # where nothing was accepted (every round held plain), a slice: a held round must cost ~nothing
+        features = hidden[[*range(tail), *(tail - 1 + c for c in verdict.path)]] if verdict.path else hidden[:tail]
+        first = len(tokens) - 1 - len(features)  # the first of those tokens
         if first != self.fed:  # the target re-read its window after a slide: so does the head
             self.cache.rollback(0)
             self.pending = []
-        self.pending.append((hidden[rows], tokens[first + 1:]))
+        self.pending.append((features, tokens[first + 1:]))
         self.fed = len(tokens) - 1
         if self.judging is not None:  # each candidate whose parent held was judged on its own
             held = {0, *verdict.path}  # pass positions: the root, then candidate i at i + 1

@@ -4,7 +4,7 @@ Whether checking guesses beats plain steps depends on more than a cost model see
 padded to the longest pass, drafters run row by row, the text), so the loop times its own rounds:
 the tokens each row gains per second, speculating and plain, as running averages, and lets the rows
 propose only while speculating is the faster. Since the text and the acceptance change, the losing
-mode is tried again once that trial would lose at most 1/32 of the time since the last: a mode that
+mode is tried again once that trial would lose at most 1/64 of the time since the last: a mode that
 loses by little is retried often, one that loses by much (a large batch's speculation) rarely.
 A plain round and a speculative one say the same thing (greedy) or sample from the same
 distribution, so falling back never changes an output.
@@ -13,7 +13,7 @@ from decode.sizing import Backoff
 
 TRIAL_ROUNDS = 2          # measured rounds of a mode before it is judged, at the start and in each probe
 PROBE_GAP = 16            # the fewest rounds between probes; a mode resting longer restarts its average
-PROBE_SHARE = 1 / 32      # the most of the time that probing the losing mode may lose
+PROBE_SHARE = 1 / 64      # the most of the time that probing the losing mode may lose (docs/2026-12-06-epyc-v.md)
 DECAY = 0.1               # the weight of the latest round in a mode's running average
 
 

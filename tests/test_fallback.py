@@ -53,8 +53,8 @@ def test_it_follows_the_faster_mode_when_that_changes():
     fallback = Fallback()
     assert not any(run(fallback, 100, spec_rate=0.5)[-PROBE_GAP:])
     modes = run(fallback, 300, spec_rate=3.0)  # the text turned repetitive: guesses now pay
-    switched = modes.index(True) + TRIAL_ROUNDS  # its next probe finds it out
-    assert switched <= 2 * PROBE_GAP
+    switched = modes.index(True) + TRIAL_ROUNDS  # its next probe finds it out, due once the probe's
+    assert switched <= TRIAL_ROUNDS * (1 - 0.5) / PROBE_SHARE  # loss is PROBE_SHARE of the rounds since the last
     assert sum(modes[switched:]) / len(modes[switched:]) > 0.9  # plain is probed now
 
 
