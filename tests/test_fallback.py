@@ -92,7 +92,8 @@ def test_a_held_round_runs_nothing_but_the_target(monkeypatch):
         for method, new_proposer in METHODS.items():
             proposers = [new_proposer() for _ in PROMPTS]
             monkeypatch.setattr(type(proposers[0]), "propose_rows", None)  # calling it would fail
-            outputs, stats = generate_batch(TARGET, PROMPTS, 40, Sampling(), proposers=proposers, fallback=AlwaysPlain())
+            outputs, stats = generate_batch(TARGET, PROMPTS, 40, Sampling(), proposers=proposers,
+                                            fallback=AlwaysPlain())
             assert outputs == plain, method
             assert others == [] and all(s.draft_forwards == 0 and s.held == 1 for s in stats), method
     finally:
