@@ -135,8 +135,11 @@ def load_method(args, setting, model, tokenizer, device, dtype, all_ids):
                              pool_from_prompt=args.pool_from_prompt, typical=args.typical, costs=costs,
                              eagle_head=eagle_head, batch_size=batch_size)
     statics = [m for m in (model, draft) if isinstance(m, StaticGPT)]
-    if statics:  # loaded before they are timed: each prompt's prefill, passes of the root and up to max_candidates
-        sizes = {len(ids) for ids in all_ids} | set(range(1, new_proposer().max_candidates + 2))
+    if statics:  # loaded before they are timed: each prompt's prefill, the root with up to max_candidates,
+        # and where the text outgrows the context, its re-prefill of half a window (decode/window.py) with them
+        candidates, half = range(new_proposer().max_candidates + 1), model.config.block_size // 2
+        slides = any(len(ids) + args.max_new_tokens > model.config.block_size for ids in all_ids)
+        sizes = {len(ids) for ids in all_ids} | {1 + n for n in candidates} | {half + n for n in candidates if slides}
         for static in statics:
             static.prepare(sizes)
     return model, new_proposer
