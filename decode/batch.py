@@ -47,13 +47,8 @@ class _Row:
         return len(self.tokens) - self.prompt_length
 
     @property
-    def checked_size(self):
-        """The pass's tokens that are checked or carried: root, candidates, side."""
-        return 1 + len(self.candidates) + (len(self.candidates.side.tokens) if self.candidates.side else 0)
-
-    @property
     def pass_size(self):
-        return len(self.tail) - 1 + self.checked_size
+        return len(self.tail) - 1 + self.candidates.checked_size()
 
 
 class _Batch:
@@ -91,7 +86,7 @@ class _Batch:
             view = self.cache if len(rows) == len(self.active) else RowView(self.cache, group)
             idx, pos, mask = _pass_inputs(rows, view)
             logits, hidden = self.model(idx, view, pos=pos, mask=mask, return_hidden=True)
-            width = max(row.checked_size for row in rows)
+            width = max(row.candidates.checked_size() for row in rows)
             for i, row in enumerate(rows):
                 row.logits, row.hidden = logits[i, len(row.tail) - 1:row.pass_size], hidden[i, :row.pass_size]
                 row.width = width
@@ -193,7 +188,7 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
         if fallback and all(len(row.tail) == 1 for row in batch.active):
             # a round whose pass checked or carried nothing beyond the root (no row proposed) is a
             # plain one, whatever the mode: a method that guesses in bursts is judged by its guesses
-            checked = any(row.checked_size > 1 for row in batch.active)
+            checked = any(row.candidates.checked_size() > 1 for row in batch.active)
             fallback.record(checked, sum(len(row.new) for row in batch.active) / len(batch.active), sum(seconds))
         batch.drop_finished(started)
     for row in rows:

@@ -19,12 +19,6 @@ class Round:
     phase_seconds: dict = field(default_factory=dict)  # by PHASES, where the decoder times them
     logits: object = None     # the pass's, at [root, candidates..., side...]: a trace replays the verdict on them
 
-    @property
-    def checked(self):
-        """The pass's tokens that were checked or carried: the root, the candidates, the side branch."""
-        side = self.candidates.side
-        return 1 + len(self.candidates) + (len(side.tokens) if side else 0)
-
 
 @dataclass
 class DecodeStats:
@@ -61,8 +55,9 @@ class DecodeStats:
     def record(self, outcome):
         """Count one Round: the per-round hook every decoder calls."""
         self.target_forwards += 1
-        self.pass_sizes[outcome.checked] += 1
-        self.pass_widths[outcome.width or outcome.checked] += 1
+        checked = outcome.candidates.checked_size()
+        self.pass_sizes[checked] += 1
+        self.pass_widths[outcome.width or checked] += 1
         self.judged += outcome.verdict.judged
         self.accepted += len(outcome.verdict.path)
         self.held_rounds += outcome.held

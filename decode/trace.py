@@ -27,7 +27,7 @@ class Trace:
         judged = self.judgements(outcome) if len(candidates) else {}
         side = candidates.side.tokens if candidates.side else []
         self.rounds.append(dict(
-            held=outcome.held, width=outcome.width or 1 + len(candidates) + len(side),
+            held=outcome.held, width=outcome.width or candidates.checked_size(),
             candidates=[dict(token=token, parent=parent, **judged.get(i, NOT_JUDGED))
                         for i, (token, parent) in enumerate(zip(candidates.tokens, candidates.parents))],
             side=list(side), path=[c - 1 for c in verdict.path],

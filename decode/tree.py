@@ -53,6 +53,11 @@ class Candidates:
     def __len__(self):
         return len(self.tokens)
 
+    def checked_size(self):
+        """The tokens a verify pass checks or carries for these candidates: the root, the candidates,
+        the side branch (not the uncached tail before the root)."""
+        return 1 + len(self) + (len(self.side.tokens) if self.side else 0)
+
     def is_chain(self):
         return self.parents == list(range(-1, len(self) - 1)) and self.side is None
 
