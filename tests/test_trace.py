@@ -11,24 +11,10 @@ from decode.batch import generate_batch
 from decode.sampling import Sampling
 from decode.trace import Trace
 from tests.conftest import run_cli
-from tests.test_batch import METHODS, PROMPTS, TARGET
+from tests.test_batch import METHODS, PROMPTS, TARGET, EveryOtherRound
 from tests.test_cli import assert_one_line_error
 
 SAMPLINGS = {"greedy": Sampling(), "sampled": Sampling(temperature=1.0, top_k=40)}
-
-
-class EveryOtherRound:
-    """A fallback that holds every other round plain, whatever it measures."""
-
-    def __init__(self):
-        self.rounds = 0
-
-    def speculate(self):
-        self.rounds += 1
-        return self.rounds % 2 == 0
-
-    def record(self, *measured):
-        pass
 
 
 def traced(method, sampling, prompt, fallback=None, max_new_tokens=50):
