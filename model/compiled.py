@@ -85,6 +85,10 @@ class StaticGPT:
         self.model, self.config, self.lm_head = model, model.config, model.lm_head
         self.package_dir, self.buckets = package_dir, buckets
         self.on_compile = on_compile or (lambda bucket, seconds: None)
+        # A compiled pass allocates buffers above glibc's first mmap threshold (128 KiB) on every call,
+        # each a fresh mapping faulted in page by page (2-4x slower at one token: docs/2026-12-06-epyc-w.md).
+        # Freeing one large mapped block raises that threshold for the process, as glibc does by design.
+        torch.empty(16 << 20, dtype=torch.uint8)
         self.static_pass = StaticPass(model)
         self.passes = {}  # bucket -> a callable running StaticPass at that size
         device = model.lm_head.weight.device
@@ -160,4 +164,7 @@ class StaticGPT:
                 raise
             os.replace(built, path)
             self.on_compile(bucket, time.perf_counter() - started)
-        return torch._inductor.aoti_load_package(path)
+        # the runner torch._inductor.aoti_load_package wraps, without importing torch._inductor for it
+        # (~2 s on a 2-core CPU, docs/2026-12-06-epyc-w.md); it takes the pass's tensors as one list
+        runner = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        return lambda *tensors: runner.boxed_run(list(tensors))
