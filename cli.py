@@ -128,25 +128,25 @@ def quickest_steps(models):
 
 def add_compile_arg(parser):
     parser.add_argument("--compile", nargs="?", const="auto", choices=["auto", "always"],
-                        help="run the target's and the draft's passes compiled, at static shapes (model/compiled.py): "
+                        help="run the target's and the draft's passes compiled (model/compiled.py): "
                         "the same outputs, faster on some machines and slower on others. auto (--compile alone): "
                         "generate.py times a decode step both ways, once, and runs eagerly where compiling does not "
-                        "pay; bench.py always compiles. Each pass size is compiled once, on first use (up to 45 s "
-                        "each on a 2-core CPU), and kept in OUT_DIR/compiled")
+                        "pay; bench.py always compiles. A model's passes are one program, compiled once, on first "
+                        "use (about a minute on a 2-core CPU), and kept in OUT_DIR/compiled")
 
 
 def compiled(model, path, args, device, dtype, prepare=False):
     """`model`, loaded from the checkpoint at `path`, on the compiled path if args.compile asks;
-    prepare: load or compile every pass size now rather than on first use."""
+    prepare: load or compile its passes now rather than on first use."""
     if not args.compile or model is None:
         return model
     st = os.stat(path)
     name = f"{os.path.basename(path)}-{st.st_size}-{st.st_mtime_ns}-{device}-{dtype_name(dtype)}-torch{torch.__version__}"
     folder = os.path.join(args.out_dir, "compiled", name.replace(":", "_"))
 
-    def say(bucket, seconds):
+    def say(seconds):
         if seconds is None:
-            print(f"compiling {os.path.basename(path)}'s {bucket}-token pass for {device} {dtype_name(dtype)} "
+            print(f"compiling {os.path.basename(path)}'s passes for {device} {dtype_name(dtype)} "
                   f"(once: kept in {os.path.join(args.out_dir, 'compiled')}) ...", end="", file=sys.stderr, flush=True)
         else:
             print(f" {seconds:.0f} s", file=sys.stderr)
@@ -166,7 +166,7 @@ def compiled_where_it_pays(model, path, args, device, dtype):
     costs, name = stored_costs(args, device, dtype), os.path.basename(path)
 
     def measure():
-        static.prepare([1])
+        static.prepare()
         return quickest_steps({"eager": model, "compiled": static})
     seconds = costs.get(f"a decode step of {name}, eager and compiled", measure)
     pays = seconds["compiled"] <= 0.9 * seconds["eager"]

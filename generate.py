@@ -104,7 +104,7 @@ def main(argv=None):
     check_trace(args)
     sampling, device, dtype, model, tokenizer, _ = cli.setup(args)
     all_ids = encode_prompts(args, tokenizer, prompts, model.config.block_size)
-    model, new_proposer = load_method(args, setting, model, tokenizer, device, dtype, all_ids)
+    model, new_proposer = load_method(args, setting, model, tokenizer, device, dtype)
     if args.batch_size is not None:
         return decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, new_proposer)
     return decode_prompt(args, model, tokenizer, prompts[0], all_ids[0], sampling, device, new_proposer())
@@ -120,9 +120,9 @@ def encode_prompts(args, tokenizer, prompts, block_size):
     return all_ids
 
 
-def load_method(args, setting, model, tokenizer, device, dtype, all_ids):
-    """(the target, compiled if asked, and new_proposer(batch_size) for --spec), loading what it needs;
-    compiled, the passes that decoding all_ids will run are loaded (or compiled, once) before it is timed."""
+def load_method(args, setting, model, tokenizer, device, dtype):
+    """(the target, compiled if asked, and new_proposer(batch_size) for --spec), loading what it needs
+    (compiled passes included) before anything is timed."""
     costs = cli.stored_costs(args, device, dtype)
     draft = load_draft(cli.checkpoint_of(args, "draft"), tokenizer, device, dtype) if args.spec == "draft" else None
     heads = load_medusa(cli.checkpoint_of(args, "medusa"), model, tokenizer, device, dtype) if args.spec == "medusa" else None
@@ -134,14 +134,8 @@ def load_method(args, setting, model, tokenizer, device, dtype, all_ids):
         return make_proposer(args.spec, setting, model, draft, heads, sizing=args.sizing,
                              pool_from_prompt=args.pool_from_prompt, typical=args.typical, costs=costs,
                              eagle_head=eagle_head, batch_size=batch_size)
-    statics = [m for m in (model, draft) if isinstance(m, StaticGPT)]
-    if statics:  # loaded before they are timed: each prompt's prefill, the root with up to max_candidates,
-        # and where the text outgrows the context, its re-prefill of half a window (decode/window.py) with them
-        candidates, half = range(new_proposer().max_candidates + 1), model.config.block_size // 2
-        slides = any(len(ids) + args.max_new_tokens > model.config.block_size for ids in all_ids)
-        sizes = {len(ids) for ids in all_ids} | {1 + n for n in candidates} | {half + n for n in candidates if slides}
-        for static in statics:
-            static.prepare(sizes)
+    for static in (m for m in (model, draft) if isinstance(m, StaticGPT)):
+        static.prepare()  # loaded before it is timed
     return model, new_proposer
 
 

@@ -1,24 +1,23 @@
-"""The compiled path: every pass of the model at a few static shapes, as gpt-fast runs its decode.
+"""The compiled path: every cached pass of the model through one program compiled ahead of time,
+over a cache of static shape, as gpt-fast runs its decode.
 
-A compiler makes a pass fast by fusing its operators and, on a CPU, by generating GEMM micro-kernels
-for the exact shapes, but it needs shapes that do not change. A pass has n new tokens after a
-committed prefix of P tokens, and both vary, so:
-  - n is padded up to one of BUCKETS. The padding rows come after the real ones; their K/V land in
-    scratch slots that no commit keeps (the cache's `pending` counts only the n real entries) and
-    their outputs are sliced off;
+A compiler makes a pass fast by fusing its operators and, on a CPU, by packing the weights for GEMM
+micro-kernels once, but it compiles a fixed graph. A pass has n new tokens after a committed prefix
+of P tokens, and both vary, so:
+  - n is the program's one dynamic dimension, 1 <= n <= the context: one program, one copy of the
+    weights, serves a decode step, a draft's k + 1 tokens, a tree and a prefill;
   - attention reads the cache's whole capacity under a mask over every slot: the committed prefix,
-    then the pass's own n x n mask (causal, or the tree's). P is a tensor in the graph, so one
-    compiled graph serves every prefix length;
-  - the new K/V are written with index_copy_ at the tensor positions P .. P+b-1.
+    then the pass's own n x n mask (causal, or the tree's). P is a tensor in the graph, so the
+    program serves every prefix length;
+  - the new K/V are written with index_copy_ at the tensor positions P .. P+n-1.
 Inside runs the model's own forward with a cache view that writes at tensor positions: there is one
-model, compiled or not. Passes larger than the largest bucket (a long prompt's prefill) run eagerly.
+model, compiled or not.
 
-Each bucket is compiled ahead of time with AOTInductor into a package on disk (weights frozen in,
-GEMMs autotuned), built on its first use and loaded in a moment afterwards. In-process torch.compile
+The program is compiled with AOTInductor into one package on disk (weights frozen in, GEMMs
+autotuned), built on its first use and loaded in a moment afterwards. In-process torch.compile
 builds the same kernels, but its on-disk cache refuses graphs holding the CPU's prepacked weights,
-so it would compile every bucket again in every run (docs/2026-12-03-epyc-e.md). Without a package
-folder the static pass runs eagerly: slower than the plain model, but it checks the padding, masking
-and writing above.
+so it would compile again in every run (docs/2026-12-03-epyc-e.md). Without a package folder the
+static pass runs eagerly: slower than the plain model, but it checks the masking and writing above.
 """
 import contextlib
 import hashlib
@@ -35,9 +34,11 @@ from kernels import reference
 from model import gpt
 from model.kv_cache import Cache, KVCache
 
-# dense where the methods' passes are (a draft's k + 1, small trees), sparse beyond: a pass pays for
-# its padding, and every bucket costs a compile
-BUCKETS = (1, 2, 4, 5, 6, 8, 12, 16, 32, 64)
+# cache slots beyond the context: every method's candidates fit, so that one capacity, and so one
+# package, serves them all
+ROOM = 64
+# the pass length the compiler tunes for (a dynamic dimension's example must not be 1)
+TUNED_FOR = 4
 # weights frozen in as constants; GEMMs chosen by timing inductor's own against the library's
 COMPILE_OPTIONS = {"freezing": True, "max_autotune": True}
 GEMM_BACKENDS = {"cpu": "CPP,ATEN", "cuda": "TRITON,ATEN"}
@@ -60,84 +61,70 @@ class _StaticCacheView(Cache):
 
 
 class StaticPass(nn.Module):
-    """One padded pass of b tokens, every input a tensor of fixed shape: what gets compiled."""
+    """One pass of n tokens over the whole cache, every input a tensor: what gets compiled."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, idx, pos, prefix, inner, k, v):
-        """idx (1, b), pos (b,); prefix: 0-d tensor, the committed length; inner: bool (b, b), who
+        """idx (1, n), pos (n,); prefix: 0-d tensor, the committed length; inner: bool (n, n), who
         sees whom among the new tokens; k, v: the cache's tensors, written in place.
-        Returns logits (1, b, vocab) and final hidden states (1, b, C)."""
-        mask = kernels.keys_mask(prefix, inner, k.size(3))  # (b, capacity): over every key
+        Returns logits (1, n, vocab) and final hidden states (1, n, C)."""
+        mask = kernels.keys_mask(prefix, inner, k.size(3))  # (n, capacity): over every key
         return self.model(idx, _StaticCacheView(k, v, prefix, idx.size(1)), pos=pos, mask=mask, return_hidden=True)
 
 
 class StaticGPT:
-    """A GPT whose cached passes run at static shapes, called like the model, with the same results.
+    """A GPT whose cached passes run over a cache of static shape, called like the model, with the same results.
 
-    package_dir: where the compiled passes are kept (one package per bucket); None runs the static
-    pass eagerly. on_compile(bucket, seconds) is called as a bucket's first compile starts
-    (seconds=None) and when it ends."""
+    package_dir: where the compiled program is kept; None runs the static pass eagerly.
+    on_compile(seconds) is called as the program's first compile starts (seconds=None) and when it ends."""
 
-    def __init__(self, model, package_dir=None, buckets=BUCKETS, on_compile=None):
+    def __init__(self, model, package_dir=None, on_compile=None):
         self.model, self.config, self.lm_head = model, model.config, model.lm_head
-        self.package_dir, self.buckets = package_dir, buckets
-        self.on_compile = on_compile or (lambda bucket, seconds: None)
+        self.package_dir = package_dir
+        self.on_compile = on_compile or (lambda seconds: None)
         # A compiled pass allocates buffers above glibc's first mmap threshold (128 KiB) on every call,
         # each a fresh mapping faulted in page by page (2-4x slower at one token: docs/2026-12-06-epyc-w.md).
         # Freeing one large mapped block raises that threshold for the process, as glibc does by design.
         torch.empty(16 << 20, dtype=torch.uint8)
         self.static_pass = StaticPass(model)
-        self.passes = {}  # bucket -> a callable running StaticPass at that size
-        device = model.lm_head.weight.device
-        # contiguous, one per bucket: a compiled pass assumes its inputs' strides (a slice of a larger
-        # mask would be read with the wrong row stride)
-        self._causal = {b: torch.ones(b, b, dtype=torch.bool, device=device).tril() for b in buckets}
-        self._eye = {b: torch.eye(b, dtype=torch.bool, device=device) for b in buckets}
+        self.programs = {}  # cache capacity -> a callable running StaticPass over a cache of that capacity
 
     def new_cache(self, scratch, batch_size=1):
-        # one capacity for every method, so that each bucket is compiled once, with room for the padding
-        return self.model.new_cache(max(scratch, self.buckets[-1]), batch_size)
+        # one capacity for every method, so that one program serves them all
+        return self.model.new_cache(max(scratch, ROOM), batch_size)
 
     @torch.inference_mode()
     def __call__(self, idx, cache=None, pos=None, mask=None, return_hidden=False):
         B, n = idx.size()
-        bucket = next((b for b in self.buckets if b >= n), None)
-        if cache is None or bucket is None or B != 1 or not isinstance(cache, KVCache):  # a whole one-row cache
+        if cache is None or B != 1 or not isinstance(cache, KVCache):  # the program takes a whole one-row cache
             return self.model(idx, cache, pos=pos, mask=mask, return_hidden=return_hidden)
         prefix = cache.length
         if pos is None:
             pos = torch.arange(prefix, prefix + n, device=idx.device)
         self.model.check_positions(pos)
-        cache.end_of_pass(bucket)  # room for the padding too, or an overflow error
+        cache.end_of_pass(n)  # or an overflow error
         if mask is None:
-            inner = self._causal[bucket]
-        else:
-            inner = self._eye[bucket].clone()  # padding rows see only themselves
-            inner[:n, :n] = mask
-        pad = bucket - n
-        args = (nn.functional.pad(idx, (0, pad)), nn.functional.pad(pos, (0, pad)),
-                torch.tensor(prefix, device=idx.device), inner, cache.k, cache.v)
-        if bucket not in self.passes:
-            self.passes[bucket] = self._load_or_compile(bucket, args)
-        logits, hidden = (out[:, :n] for out in self.passes[bucket](*args))
-        cache.wrote(n)  # the real entries: a commit never keeps the padding
+            mask = torch.ones(n, n, dtype=torch.bool, device=idx.device).tril_()
+        # contiguous: the program assumes its inputs' strides (a slice of a larger mask would be read wrong)
+        args = (idx.contiguous(), pos.contiguous(), torch.tensor(prefix, device=idx.device), mask.contiguous(),
+                cache.k, cache.v)
+        if cache.capacity not in self.programs:
+            self.programs[cache.capacity] = self._load_or_compile(cache)
+        logits, hidden = self.programs[cache.capacity](*args)
+        cache.wrote(n)
         return (logits, hidden) if return_hidden else logits
 
-    def prepare(self, sizes=None):
-        """Load or compile now, rather than on first use, the buckets of passes of `sizes` tokens
-        (default: of every size): a timed run must not load a package, let alone compile one."""
-        sizes = range(1, self.buckets[-1] + 1) if sizes is None else sizes
-        buckets = {next((b for b in self.buckets if b >= n), None) for n in sizes}
+    def prepare(self):
+        """Load, or compile once, the program now rather than on first use: a timed run must not
+        load a package, let alone compile one."""
         cache = self.new_cache(scratch=0)
-        for bucket in sorted(buckets - {None}):
-            if bucket <= self.config.block_size:  # no pass is longer than the context
-                self(torch.zeros(1, bucket, dtype=torch.long, device=cache.k.device), cache)
-                cache.rollback(0)
+        self(torch.zeros(1, 1, dtype=torch.long, device=cache.k.device), cache)
+        cache.rollback(0)
 
-    def _load_or_compile(self, bucket, args):
+    def _load_or_compile(self, cache):
         if self.package_dir is None:
             return self.static_pass
         # a hash of the code a pass is compiled from, so that a package built from older code is never loaded
@@ -145,17 +132,22 @@ class StaticGPT:
         for module in (gpt, kernels, reference, sys.modules[__name__]):
             with open(module.__file__, "rb") as f:
                 h.update(f.read())
-        path = os.path.join(self.package_dir, f"pass{bucket}-capacity{args[-1].size(3)}-code{h.hexdigest()[:12]}.pt2")
+        path = os.path.join(self.package_dir, f"passes-capacity{cache.capacity}-code{h.hexdigest()[:12]}.pt2")
         if not os.path.exists(path):
-            self.on_compile(bucket, None)
+            self.on_compile(None)
             started = time.perf_counter()
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            tuned, device = min(TUNED_FOR, self.config.block_size), cache.k.device
+            example = (torch.zeros(1, tuned, dtype=torch.long, device=device), torch.arange(tuned, device=device),
+                       torch.tensor(0, device=device), torch.ones(tuned, tuned, dtype=torch.bool, device=device).tril_(),
+                       cache.k, cache.v)
+            n = torch.export.Dim("n", min=1, max=self.config.block_size)
+            dynamic = ({1: n}, {0: n}, None, {0: n, 1: n}, None, None)  # idx, pos, prefix, inner, k, v
             chatter = io.StringIO()  # the compiler's autotuning tables, kept off the terminal unless it fails
             try:
                 with contextlib.redirect_stderr(chatter):
-                    program = torch.export.export(self.static_pass, args)
-                    backends = GEMM_BACKENDS.get(args[0].device.type, "ATEN")
-                    options = dict(COMPILE_OPTIONS, max_autotune_gemm_backends=backends)
+                    program = torch.export.export(self.static_pass, example, dynamic_shapes=dynamic)
+                    options = dict(COMPILE_OPTIONS, max_autotune_gemm_backends=GEMM_BACKENDS.get(device.type, "ATEN"))
                     partial = path.removesuffix(".pt2") + ".partial.pt2"  # written atomically
                     built = torch._inductor.aoti_compile_and_package(program, package_path=partial,
                                                                      inductor_configs=options)
@@ -163,7 +155,7 @@ class StaticGPT:
                 print(chatter.getvalue()[-4000:], end="", file=sys.stderr)
                 raise
             os.replace(built, path)
-            self.on_compile(bucket, time.perf_counter() - started)
+            self.on_compile(time.perf_counter() - started)
         # the runner torch._inductor.aoti_load_package wraps, without importing torch._inductor for it
         # (~2 s on a 2-core CPU, docs/2026-12-06-epyc-w.md); it takes the pass's tensors as one list
         runner = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)

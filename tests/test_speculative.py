@@ -96,7 +96,7 @@ class CheckedDraft(DraftModel):
 @pytest.mark.parametrize("path", ["eager", "static"])
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0)])
 def test_caches_equal_fresh_prefills_after_every_round(sampling, path):
-    """Also on the static-shape path (model/compiled.py, run uncompiled), whose passes are padded."""
+    """Also on the static-shape path (model/compiled.py, run uncompiled), whose passes read the whole cache."""
     static = StaticGPT if path == "static" else (lambda model: model)
     recorder = RecordingTarget(static(TARGET))
     proposer = CheckedDraft(static(DRAFTS["medium"]), k=5)
