@@ -132,7 +132,8 @@ class StaticGPT:
         for module in (gpt, kernels, reference, sys.modules[__name__]):
             with open(module.__file__, "rb") as f:
                 h.update(f.read())
-        path = os.path.join(self.package_dir, f"passes-capacity{cache.capacity}-code{h.hexdigest()[:12]}.pt2")
+        this_code = f"-code{h.hexdigest()[:12]}.pt2"
+        path = os.path.join(self.package_dir, f"passes-capacity{cache.capacity}{this_code}")
         if not os.path.exists(path):
             self.on_compile(None)
             started = time.perf_counter()
@@ -155,6 +156,9 @@ class StaticGPT:
                 print(chatter.getvalue()[-4000:], end="", file=sys.stderr)
                 raise
             os.replace(built, path)
+            for name in os.listdir(self.package_dir):  # packages of older code: never loaded again
+                if name.endswith(".pt2") and not name.endswith(this_code):
+                    os.remove(os.path.join(self.package_dir, name))
             self.on_compile(time.perf_counter() - started)
         # the runner torch._inductor.aoti_load_package wraps, without importing torch._inductor for it
         # (~2 s on a 2-core CPU, docs/2026-12-06-epyc-w.md); it takes the pass's tensors as one list
