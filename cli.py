@@ -132,7 +132,8 @@ def add_compile_arg(parser):
                         "the same outputs, faster on some machines and slower on others. auto (--compile alone): "
                         "generate.py times a decode step both ways, once, and runs eagerly where compiling does not "
                         "pay; bench.py always compiles. A model's passes are one program, compiled once, on first "
-                        "use (about a minute on a 2-core CPU), and kept in OUT_DIR/compiled")
+                        "use (about a minute on a 2-core CPU), and kept in OUT_DIR/compiled; it runs one row at a "
+                        "time, so batches of several rows run eagerly")
 
 
 def compiled(model, path, args, device, dtype, prepare=False):

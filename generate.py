@@ -274,6 +274,7 @@ def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, n
         text = tokenizer.decode(new_ids)
         if args.json:
             row = dict(prompt=prompt, text=text, spec=args.spec, dtype=cli.dtype_name(model.lm_head.weight.dtype),
+                       compiled=isinstance(model, StaticGPT) and size == 1,  # the program takes one-row passes
                        new_tokens=s.new_tokens, target_forwards=s.target_forwards, tau=s.tau, alpha=s.alpha, held=s.held)
             if args.compare:
                 row["plain_text"] = tokenizer.decode(plain_outputs[number])

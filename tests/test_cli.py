@@ -174,7 +174,7 @@ def test_generate_batches_of_prompts_say_what_each_prompt_says_alone(tiny_checkp
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [row["prompt"] for row in rows] == ["ROMEO:", "To be", "\n", "And so\nthe king", "O"]
-    assert {row["dtype"] for row in rows} == {"float64"}
+    assert {(row["dtype"], row["compiled"]) for row in rows} == {("float64", False)}
     # every row proposed and some accepted: else its text would be plain decoding's whatever the batch did
     assert all(row["alpha"] is not None and row["held"] == 0 for row in rows) and any(row["alpha"] for row in rows)
     assert all(row["text"] == row["plain_text"] and row["identical_to_plain"] for row in rows)
