@@ -20,11 +20,14 @@ EAGLE head (of one node for a chain, of a tree's width for a tree) or of the Med
 draft guesses: r(k+1) + k*c). Greedy rows also say on what share of the prompts they wrote
 exactly plain decoding's tokens: all of them in float64; in float32 and below a pass over several
 tokens rounds differently from single steps, and a near-tie can flip. Each method decodes as
-generate.py's does, with the measured fallback (decode/fallback.py) unless --no-fallback: "held"
-is the share of its rounds it kept plain, which its prediction counts as plain steps. A second
+generate.py's does, with the measured fallback (decode/fallback.py) unless --no-fallback, which
+starts from what the row's last run measured (kept in OUT_DIR/costs.json; a first run on a machine
+tries both modes first): "held" is the share of its rounds it kept plain, which its prediction
+counts as plain steps. A second
 table says where each row's rounds spent their time, a third how often candidates were accepted at
 each depth.
 """
+import contextlib
 import json
 import os
 import sys
@@ -37,7 +40,7 @@ import torch
 import cli
 from cost_profile import ALPHAS, profile_checkpoints, profile_target
 from data import read_text, split_text
-from decode import Fallback, generate_batch
+from decode import generate_batch
 from decode.cost import cost_curve, forward_seconds, profile_prefix
 from decode.eagle import TREE_WIDTH, head_seconds
 from decode.medusa import heads_seconds
@@ -184,7 +187,8 @@ def run_interleaved(args, model, rows, prompts, sampling, max_pass, batch_size=1
     """Time the target's cost curve r(n) for batches of batch_size and each drafter's forward c (in
     plain batched steps), then decode the prompts in such batches with every row, interleaved
     round-robin over the batches. Each row keeps batch_size proposers, and unless --no-fallback a
-    Fallback, for the whole run, as a user's decoder would (some learn as they go). Returns (r, a
+    Fallback, for the whole run, as a user's decoder would (some learn as they go), starting from the
+    averages the row's last run kept. Returns (r, a
     plain step's seconds, {(drafter, width): c}, {label: (DecodeStats, wall seconds, the share of
     prompts identical to plain decoding's when greedy, predicted speedup)})."""
     r, step = cost_curve(model, max_pass, profile_prefix(model), batch_size=batch_size)
@@ -192,22 +196,25 @@ def run_interleaved(args, model, rows, prompts, sampling, max_pass, batch_size=1
     c = {key: drafters[key].drafter_seconds(model, batch_size) / step for key in sorted(drafters)}
     labels = list(rows)
     proposers = {label: [rows[label].make(batch_size) for _ in range(batch_size)] for label in labels}
-    fallbacks = {label: Fallback() if args.fallback and label not in PLAIN_ROWS else None for label in labels}
     totals = {label: DecodeStats() for label in labels}
     outputs, seconds = {label: [] for label in labels}, dict.fromkeys(labels, 0.0)
     batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
     for label in labels:  # warm-up: first calls pay for allocation
         generate_batch(model, batches[0], 4, sampling, proposers=proposers[label][:len(batches[0])])
-    for i, batch in enumerate(batches):
-        for label in labels[i % len(labels):] + labels[:i % len(labels)]:
-            generator = torch.Generator(model.lm_head.weight.device).manual_seed(args.seed + i)  # same draws for all
-            started = time.perf_counter()
-            new, stats = generate_batch(model, batch, args.max_new_tokens, sampling, generator,
-                                        proposers=proposers[label][:len(batch)], fallback=fallbacks[label])
-            seconds[label] += time.perf_counter() - started
-            outputs[label] += new
-            for row_stats in stats:
-                totals[label] += row_stats
+    device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
+    with contextlib.ExitStack() as kept:  # each row's fallback starts from, and keeps, its last run's averages
+        fallbacks = {label: kept.enter_context(cli.kept_fallback(args, label, batch_size, device, dtype))
+                     if args.fallback and label not in PLAIN_ROWS else None for label in labels}
+        for i, batch in enumerate(batches):
+            for label in labels[i % len(labels):] + labels[:i % len(labels)]:
+                generator = torch.Generator(device).manual_seed(args.seed + i)  # the same draws for every row
+                started = time.perf_counter()
+                new, stats = generate_batch(model, batch, args.max_new_tokens, sampling, generator,
+                                            proposers=proposers[label][:len(batch)], fallback=fallbacks[label])
+                seconds[label] += time.perf_counter() - started
+                outputs[label] += new
+                for row_stats in stats:
+                    totals[label] += row_stats
     measured = {}
     for label, s in totals.items():
         same = sum(a == b for a, b in zip(outputs[label], outputs["none"])) / len(prompts) if sampling.greedy else None

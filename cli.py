@@ -1,6 +1,7 @@
 """What the command-line tools share: argument parsing, device and dtype choice, loading the
 target, the sampling and method flags, and turning bad input into one line of advice."""
 import argparse
+import contextlib
 import copy
 import os
 import sys
@@ -9,6 +10,7 @@ import torch
 
 import kernels
 from data import DataError
+from decode import Fallback
 from decode.cost import StoredCosts, forward_seconds, profile_prefix
 from decode.lookahead import SIZING
 from decode.methods import METHODS, SettingError
@@ -223,6 +225,16 @@ def setting_of(args, method):
     """The value of `method`'s setting flag in args (None for plain decoding)."""
     flag = METHODS[method].flag
     return getattr(args, flag.lstrip("-").replace("-", "_")) if flag else None
+
+
+@contextlib.contextmanager
+def kept_fallback(args, label, batch_size, device, dtype):
+    """The measured fallback (decode/fallback.py) of `label` decoding in batches of batch_size,
+    starting from the averages its last run kept with the costs, which it keeps again after."""
+    costs, name = stored_costs(args, device, dtype), f"the fallback's averages for {label} in batches of {batch_size}"
+    fallback = Fallback(costs.get(name))
+    yield fallback
+    costs.put(name, fallback.averages())
 
 
 def stored_costs(args, device, dtype):

@@ -12,6 +12,7 @@
 
 An empty prompt starts from a newline, the way a play's text starts a new line.
 """
+import contextlib
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ import torch
 
 import cli
 import trace_page
-from decode import Fallback, Plain, generate_batch
+from decode import Plain, generate_batch
 from decode.methods import METHODS, load_draft, make_proposer, parse_setting
 from decode.trace import Trace
 from model.compiled import StaticGPT
@@ -148,9 +149,10 @@ def decode_prompt(args, model, tokenizer, prompt, prompt_ids, sampling, device, 
         sys.stdout.write(prompt)
     lossy = bool(args.spec == "medusa" and args.typical)
     trace = Trace(sampling, lossy) if args.trace else None
-    (new_ids,), (stats,), _ = decode_all(args, model, [prompt_ids], sampling, device, [proposer], new_fallback(args),
-                                         None if args.json else token_printer(args, decoder),
-                                         trace and (lambda row, outcome: trace.record(outcome)))
+    with new_fallback(args, model, device, batch_size=1) as fallback:
+        (new_ids,), (stats,), _ = decode_all(args, model, [prompt_ids], sampling, device, [proposer], fallback,
+                                             None if args.json else token_printer(args, decoder),
+                                             trace and (lambda row, outcome: trace.record(outcome)))
     text = tokenizer.decode(new_ids)
     result = dict(text=text, prompt=prompt, spec=args.spec, setting=cli.setting_of(args, args.spec),
                   lossy=lossy, dtype=cli.dtype_name(model.lm_head.weight.dtype),
@@ -229,9 +231,13 @@ def warm_up(model, batch, sampling, *proposer_lists):
         generate_batch(model, batch, 4, sampling, proposers=proposers[:len(batch)])
 
 
-def new_fallback(args):
-    """The measured fallback to plain rounds, unless --no-fallback (plain decoding needs none)."""
-    return Fallback() if args.fallback and args.spec != "none" else None
+def new_fallback(args, model, device, batch_size):
+    """The measured fallback to plain rounds, kept from run to run (cli.kept_fallback), unless
+    --no-fallback (plain decoding needs none)."""
+    if not args.fallback or args.spec == "none":
+        return contextlib.nullcontext()
+    return cli.kept_fallback(args, f"{args.spec} {cli.setting_of(args, args.spec)}", batch_size, device,
+                             model.lm_head.weight.dtype)
 
 
 def check_trace(args):
@@ -265,8 +271,8 @@ def decode_batches(args, model, tokenizer, prompts, all_ids, sampling, device, n
     plain = [Plain() for _ in range(size)]
     if args.compare:
         warm_up(model, all_ids[:size], sampling, proposers, plain)
-    # one fallback for all the batches: what it measured carries over
-    outputs, stats, seconds = decode_all(args, model, all_ids, sampling, device, proposers, new_fallback(args))
+    with new_fallback(args, model, device, size) as fallback:  # one for all the batches: what it measures carries over
+        outputs, stats, seconds = decode_all(args, model, all_ids, sampling, device, proposers, fallback)
     total = sum(s.new_tokens for s in stats)
     if args.compare:
         plain_outputs, _, plain_seconds = decode_all(args, model, all_ids, sampling, device, plain)

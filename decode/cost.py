@@ -126,16 +126,21 @@ class StoredCosts:
         except OSError:
             pass  # a read-only directory: the costs are measured again next time
 
-    def get(self, name, measure):
-        """The cost called `name`, from the file if it was measured before, else measure() now."""
-        stored = self._read() if self.path else {}
-        costs = stored.get(self.machine, {})
-        if name not in costs:
+    def get(self, name, measure=None):
+        """The cost called `name`, from the file if it was measured before, else measure() now (or
+        None, without a measure)."""
+        value = (self._read() if self.path else {}).get(self.machine, {}).get(name)
+        if value is None and measure is not None:
             self.on_measure(name)
-            costs[name] = measure()
-            if self.path:
-                self._write(dict(stored, **{self.machine: costs}))
-        return costs[name]
+            value = measure()
+            self.put(name, value)
+        return value
+
+    def put(self, name, value):
+        """Keep `value` (JSON) as what this machine measured for `name`, replacing what was kept."""
+        if self.path:
+            stored = self._read()
+            self._write(dict(stored, **{self.machine: dict(stored.get(self.machine, {}), **{name: value})}))
 
     def forget(self):
         """Drop this machine's costs, so that the next use measures them again."""

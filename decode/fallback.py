@@ -15,13 +15,17 @@ TRIAL_ROUNDS = 2          # measured rounds of a mode before it is judged, at th
 PROBE_GAP = 16            # the fewest rounds between probes; a mode resting longer restarts its average
 PROBE_SHARE = 1 / 64      # the most of the time that probing the losing mode may lose (docs/2026-12-06-epyc-v.md)
 DECAY = 0.1               # the weight of the latest round in a mode's running average
+MODES = {True: "speculating", False: "plain"}
 
 
 class Fallback:
     """One per decoder, kept across its generations (what it learns carries over). The loop asks
     speculate() before each round and reports the round with record()."""
 
-    def __init__(self):
+    def __init__(self, prior=None):
+        """prior: the averages() an earlier Fallback of the same decoder kept (generate.py and bench.py
+        keep them with the costs): it starts from that verdict instead of trying both modes first,
+        the one loss its probe budget cannot bound. A mode's prior gives way to its first new round."""
         self.gained = {True: 0.0, False: 0.0}     # mode (True: speculated) -> running mean of a row's tokens per round
         self.seconds = {True: 0.0, False: 0.0}    # mode -> running mean of a round's seconds
         self.measured = {True: 0, False: 0}       # rounds recorded in all
@@ -31,6 +35,13 @@ class Fallback:
         self.best = True
         self.backoff = Backoff(PROBE_GAP + 1, PROBE_GAP + 1)  # a probe after PROBE_GAP rounds at the least
         self.seconds_since_probe, self.probe_left = 0.0, 0
+        if prior and all(prior[name][1] > 0 for name in MODES.values()):
+            for mode, name in MODES.items():
+                (self.gained[mode], self.seconds[mode]), self.measured[mode] = prior[name], TRIAL_ROUNDS
+
+    def averages(self):
+        """What a later Fallback(prior=...) starts from: JSON, each mode's average tokens and seconds."""
+        return {name: [self.gained[mode], self.seconds[mode]] for mode, name in MODES.items()}
 
     def rate(self, speculated):
         """Tokens per row per second in the rounds that did (or did not) speculate."""

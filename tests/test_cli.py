@@ -164,6 +164,23 @@ def test_bench_batch_sizes(tiny_checkpoint, tmp_path):
     assert (tmp_path / "plots" / "batch.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_generate_keeps_its_fallback_averages_and_starts_from_them(tiny_checkpoint, tmp_path):
+    for name in ("target.pt", "draft.pt"):
+        (tmp_path / name).write_bytes((tiny_checkpoint / name).read_bytes())
+    args = ("generate.py", "--out-dir", tmp_path, "--spec", "draft", "--temperature", "0", "--max-new-tokens", "30",
+            "--json")
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    stored = json.loads((tmp_path / "costs.json").read_text())
+    (machine, costs), = stored.items()
+    kept = costs["the fallback's averages for draft 4 in batches of 1"]
+    assert set(kept) == {"speculating", "plain"}
+    kept.update(speculating=[0.01, 1.0], plain=[1.0, 1e-3])  # speculating lost by far
+    (tmp_path / "costs.json").write_text(json.dumps(stored))
+    second = json.loads(run_cli(*args).stdout)
+    assert second["held"] == 1.0 and second["text"] == json.loads(first.stdout)["text"]
+
+
 def test_generate_batches_of_prompts_say_what_each_prompt_says_alone(tiny_checkpoint, tmp_path):
     prompts = ["ROMEO:", "To be", "", "And so\nthe king", "O"]
     (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(p) for p in prompts[:3]) + "\n"

@@ -1,6 +1,7 @@
 """The measured fallback: it keeps the faster of speculating and plain rounds, tries the other again
 as often as the time it loses allows, and follows a change in which one is faster."""
 import itertools
+import json
 
 import torch
 
@@ -56,6 +57,20 @@ def test_it_follows_the_faster_mode_when_that_changes():
     switched = modes.index(True) + TRIAL_ROUNDS  # its next probe finds it out, due once the probe's
     assert switched <= TRIAL_ROUNDS * (1 - 0.5) / PROBE_SHARE  # loss is PROBE_SHARE of the rounds since the last
     assert sum(modes[switched:]) / len(modes[switched:]) > 0.9  # plain is probed now
+
+
+def test_it_starts_from_the_averages_an_earlier_run_kept_and_pays_no_first_trials():
+    """Where speculation lost, plain rounds from the first, and its first probe, like every later
+    one, within the budget; where it paid, speculation from the first."""
+    earlier = Fallback()
+    run(earlier, 200, spec_rate=0.5)
+    prior = json.loads(json.dumps(earlier.averages()))  # as generate.py keeps it
+    modes = run(Fallback(prior), 1000, spec_rate=0.5)
+    assert modes.index(True) > PROBE_GAP
+    assert sum(modes) * (1 - 0.5) / len(modes) <= 1.1 * PROBE_SHARE  # the start included
+    earlier = Fallback()
+    run(earlier, 200, spec_rate=1.5)
+    assert all(run(Fallback(earlier.averages()), PROBE_GAP, spec_rate=1.5))
 
 
 def test_a_held_method_still_says_what_plain_decoding_says():
