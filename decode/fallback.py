@@ -6,6 +6,7 @@ the tokens each row gains per second, speculating and plain, as running averages
 propose only while speculating is the faster. Since the text and the acceptance change, the losing
 mode is tried again once that trial would lose at most 1/64 of the time since the last: a mode that
 loses by little is retried often, one that loses by much (a large batch's speculation) rarely.
+A new decoder tries both modes first, unless it starts from the averages an earlier one kept.
 A plain round and a speculative one say the same thing (greedy) or sample from the same
 distribution, so falling back never changes an output.
 """
