@@ -9,7 +9,7 @@
 #   kernel-bench  the kernel timed beside PyTorch's scaled_dot_product_attention (kernels/bench.py, bf16)
 #   bench     every method side by side on the GPU, greedy (bench.py --device cuda)
 #   batch     plain and each method at batch sizes 1, 8 and 32 (bench.py --batch-sizes)
-#   compiled  the same methods on the compiled path (bench.py --compile; each pass size compiles first)
+#   compiled  the same methods on the compiled path (bench.py --compile; each model's program compiles first)
 #   train     a short run of the gpu preset: eager, compiled, and under torchrun (NCCL), tokens/s each
 #   sizes     r(n) of random-weight GPT-2 shapes on the GPU (needs transformers: requirements-dev.txt)
 #
