@@ -26,7 +26,8 @@ class Fallback:
     def __init__(self, prior=None):
         """prior: the averages() an earlier Fallback of the same decoder kept (generate.py and bench.py
         keep them with the costs): it starts from that verdict instead of trying both modes first,
-        the one loss its probe budget cannot bound. A mode's prior gives way to its first new round."""
+        the one loss its probe budget cannot bound, and with the time its budget had saved up, so
+        that short runs still probe in turn. A mode's prior gives way to its first new round."""
         self.gained = {True: 0.0, False: 0.0}     # mode (True: speculated) -> running mean of a row's tokens per round
         self.seconds = {True: 0.0, False: 0.0}    # mode -> running mean of a round's seconds
         self.measured = {True: 0, False: 0}       # rounds recorded in all
@@ -39,10 +40,13 @@ class Fallback:
         if prior and all(prior[name][1] > 0 for name in MODES.values()):
             for mode, name in MODES.items():
                 (self.gained[mode], self.seconds[mode]), self.measured[mode] = prior[name], TRIAL_ROUNDS
+            self.best, self.seconds_since_probe = self.rate(True) >= self.rate(False), prior.get("since probe", 0.0)
 
     def averages(self):
-        """What a later Fallback(prior=...) starts from: JSON, each mode's average tokens and seconds."""
-        return {name: [self.gained[mode], self.seconds[mode]] for mode, name in MODES.items()}
+        """What a later Fallback(prior=...) starts from: JSON, each mode's average tokens and seconds
+        per round, and the seconds since the last probe."""
+        return dict({name: [self.gained[mode], self.seconds[mode]] for mode, name in MODES.items()},
+                    **{"since probe": self.seconds_since_probe})
 
     def rate(self, speculated):
         """Tokens per row per second in the rounds that did (or did not) speculate."""

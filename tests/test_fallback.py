@@ -73,6 +73,20 @@ def test_it_starts_from_the_averages_an_earlier_run_kept_and_pays_no_first_trial
     assert all(run(Fallback(earlier.averages()), PROBE_GAP, spec_rate=1.5))
 
 
+def test_runs_too_short_for_a_probe_save_up_its_time_from_run_to_run():
+    """Kept averages that have plain rounds three times too slow (measured in a bad moment), then runs
+    of 30 rounds, too short for the probe's budget: the time saved up carries over, so plain is
+    probed again within a few runs, and wins."""
+    prior = {"speculating": [1.0, 1.0], "plain": [1.0, 3.0], "since probe": 0.0}
+    modes = []
+    for _ in range(10):
+        fallback = Fallback(prior)
+        modes += run(fallback, 30, spec_rate=0.5)
+        prior = json.loads(json.dumps(fallback.averages()))
+    assert modes[0] and False in modes[:6 * 30]
+    assert sum(modes[-5 * 30:]) <= 0.1 * 5 * 30  # plain, but for the probes
+
+
 def test_a_held_method_still_says_what_plain_decoding_says():
     model = tiny_model(block_size=32)
     fallback = Fallback()
