@@ -8,10 +8,8 @@ In a round, candidates are numbered 0..n-1 in the order they were proposed, pare
 "verdict" is "accepted", "rejected" or null: never looked at, because its parent was rejected or an
 elder sibling accepted.
 """
-import torch
-
 from decode.sampling import token_probs
-from decode.verify import residual, walk
+from decode.verify import guess_distribution, residual, walk
 
 NOT_JUDGED = dict(verdict=None, p=None, q=None)
 
@@ -47,13 +45,11 @@ class Trace:
 
             def accept(child):
                 nonlocal p
-                x = candidates.tokens[child - 1]
-                q = candidates.draft_probs[child - 1].to(p.dtype) if candidates.draft_probs is not None else None
+                x, q = candidates.tokens[child - 1], guess_distribution(candidates, child, p)
                 judged[child - 1] = dict(verdict="accepted" if child in accepted else "rejected", p=float(p[x]),
-                                         q=None if q is None else float(q[x]))
+                                         q=None if candidates.draft_probs is None else float(q[x]))
                 if child not in accepted and not (self.sampling.greedy or self.lossy):
-                    p = residual(p, q if q is not None else torch.nn.functional.one_hot(
-                        torch.tensor(x), p.size(-1)).to(p.dtype))
+                    p = residual(p, q)
                 return child in accepted
             return accept, lambda: outcome.verdict.next_token
 

@@ -60,6 +60,16 @@ def residual(p, q):
     return left / total if total > 0 else p  # total is 0 only if p == q, where nothing is ever rejected
 
 
+def guess_distribution(candidates, child, p):
+    """q, the distribution the guess at `child` was drawn from, like p: the drafter's, or one-hot on
+    the guess for a deterministic one."""
+    if candidates.draft_probs is None:
+        q = torch.zeros_like(p)
+        q[candidates.tokens[child - 1]] = 1.0
+        return q
+    return candidates.draft_probs[child - 1].to(p.dtype)
+
+
 def verify_sampling(probs, candidates, generator=None):
     """Recursive rejection sampling. probs: (n+1, vocab), the processed target distribution
     (temperature, top-k, top-p already applied) at [root, candidates...]."""
@@ -69,12 +79,7 @@ def verify_sampling(probs, candidates, generator=None):
 
         def accept(child):
             nonlocal p
-            x = candidates.tokens[child - 1]
-            if candidates.draft_probs is None:  # deterministic guess: q is one-hot on x
-                q = torch.zeros_like(p)
-                q[x] = 1.0
-            else:
-                q = candidates.draft_probs[child - 1].to(p.dtype)
+            x, q = candidates.tokens[child - 1], guess_distribution(candidates, child, p)
             if torch.rand((), generator=generator, dtype=p.dtype) * q[x] < p[x]:  # prob min(1, p/q)
                 return True
             p = residual(p, q)
