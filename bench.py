@@ -23,9 +23,8 @@ tokens rounds differently from single steps, and a near-tie can flip. Each metho
 generate.py's does, with the measured fallback (decode/fallback.py) unless --no-fallback, which
 starts from what the row's last run measured (kept in OUT_DIR/costs.json; a first run on a machine
 tries both modes first): "held" is the share of its rounds it kept plain, which its prediction
-counts as plain steps. A second
-table says where each row's rounds spent their time, a third how often candidates were accepted at
-each depth.
+counts as plain steps. A second table says where each row's rounds spent their time, a third how
+often candidates were accepted at each depth.
 """
 import contextlib
 import json
@@ -188,9 +187,9 @@ def run_interleaved(args, model, rows, prompts, sampling, max_pass, batch_size=1
     plain batched steps), then decode the prompts in such batches with every row, interleaved
     round-robin over the batches. Each row keeps batch_size proposers, and unless --no-fallback a
     Fallback, for the whole run, as a user's decoder would (some learn as they go), starting from the
-    averages the row's last run kept. Returns (r, a
-    plain step's seconds, {(drafter, width): c}, {label: (DecodeStats, wall seconds, the share of
-    prompts identical to plain decoding's when greedy, predicted speedup)})."""
+    averages the row's last run kept. Returns (r, a plain step's seconds, {(drafter, width): c},
+    {label: (DecodeStats, wall seconds, the share of prompts identical to plain decoding's when
+    greedy, predicted speedup)})."""
     r, step = cost_curve(model, max_pass, profile_prefix(model), batch_size=batch_size)
     drafters = {(row.drafter, row.width): row for row in rows.values() if row.drafter}  # one row per drafter
     c = {key: drafters[key].drafter_seconds(model, batch_size) / step for key in sorted(drafters)}
