@@ -1,5 +1,6 @@
 """The command-line tools: they work, and bad input gets one clear line and a non-zero exit."""
 import argparse
+import gc
 import json
 import os
 import sys
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 import cli
+import generate
 import kernels
 from model.compiled import StaticGPT
 from tests.conftest import SHAKESPEARE, run_cli, run_process, tiny_model
@@ -322,6 +324,16 @@ def test_generate_compiled_says_what_eager_says_and_compiles_once(tiny_checkpoin
     assert len({(run["text"], run["plain_text"]) for run in runs}) == 1
     assert first.stderr.count("compiling target.pt's passes") == 1
     assert "compiling" not in second.stderr
+
+
+def test_a_command_freezes_what_it_has_loaded(tiny_checkpoint):
+    """So that no garbage collection while it decodes scans the loaded models and torch again."""
+    gc.unfreeze()
+    try:
+        cli.setup(generate.parse_args(["--out-dir", str(tiny_checkpoint)]))
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 def timed_steps(monkeypatch, native, seconds=None):
