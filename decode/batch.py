@@ -173,6 +173,7 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
     batch = _Batch(model, cache, rows, max_new_tokens, sampling, generator, on_token)
     while batch.active:
         batch.speculating = fallback is None or fallback.speculate()
+        furthest_behind = min(row.new_tokens for row in batch.active)
         seconds = []
         for phase in (batch.propose, batch.run_pass, batch.verify, batch.commit, batch.update):
             t0 = time.perf_counter()
@@ -189,7 +190,8 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             # a round whose pass checked or carried nothing beyond the root (no row proposed) is a
             # plain one, whatever the mode: a method that guesses in bursts is judged by its guesses
             checked = any(row.candidates.checked_size() > 1 for row in batch.active)
-            fallback.record(checked, sum(len(row.new) for row in batch.active) / len(batch.active), sum(seconds))
+            # a batch is done when its last row is: a round gains what its row furthest behind gains
+            fallback.record(checked, min(row.new_tokens for row in batch.active) - furthest_behind, sum(seconds))
         batch.drop_finished(started)
     for row in rows:
         row.stats.new_tokens, row.stats.draft_forwards = row.new_tokens, row.proposer.forwards

@@ -2,13 +2,16 @@
 
 Whether checking guesses beats plain steps depends on more than a cost model sees (a batch's rows
 padded to the longest pass, drafters run row by row, the text), so the loop times its own rounds:
-the tokens each row gains per second, speculating and plain, as running averages, and lets the rows
-propose only while speculating is the faster. Since the text and the acceptance change, the losing
-mode is tried again once that trial would lose at most 1/64 of the time since the last: a mode that
-loses by little is retried often, one that loses by much (a large batch's speculation) rarely.
-A new decoder tries both modes first, unless it starts from the averages an earlier one kept.
-A plain round and a speculative one say the same thing (greedy) or sample from the same
-distribution, so falling back never changes an output.
+the tokens gained per second, speculating and plain, as running averages, and lets the rows propose
+only while speculating is the faster. A batch is done when its last row is, so a round gains what
+its row furthest behind gains: over a run these add up to the tokens each row wrote, where the
+rows' mean gain would overrate speculation, which runs some rows ahead of the rest
+(docs/2026-12-06-epyc-x.md). Since the text and the acceptance change, the losing mode is tried
+again once that trial would lose at most 1/64 of the time since the last: a mode that loses by
+little is retried often, one that loses by much (a large batch's speculation) rarely. A new decoder
+tries both modes first, unless it starts from the averages an earlier one kept. A plain round and
+a speculative one say the same thing (greedy) or sample from the same distribution, so falling
+back never changes an output.
 """
 from decode.sizing import Backoff
 
@@ -28,7 +31,7 @@ class Fallback:
         keep them with the costs): it starts from that verdict instead of trying both modes first,
         the one loss its probe budget cannot bound, and with the time its budget had saved up, so
         that short runs still probe in turn. A mode's prior gives way to its first new round."""
-        self.gained = {True: 0.0, False: 0.0}     # mode (True: speculated) -> running mean of a row's tokens per round
+        self.gained = {True: 0.0, False: 0.0}     # mode (True: speculated) -> running mean of the tokens a round gains
         self.seconds = {True: 0.0, False: 0.0}    # mode -> running mean of a round's seconds
         self.measured = {True: 0, False: 0}       # rounds recorded in all
         self.streak = {True: 0, False: 0}         # rounds recorded since the mode was taken up again
@@ -49,7 +52,7 @@ class Fallback:
                     **{"since probe": self.seconds_since_probe})
 
     def rate(self, speculated):
-        """Tokens per row per second in the rounds that did (or did not) speculate."""
+        """Tokens gained per second in the rounds that did (or did not) speculate."""
         return self.gained[speculated] / self.seconds[speculated]
 
     def speculate(self):
@@ -74,10 +77,10 @@ class Fallback:
         the best mode takes for the same tokens."""
         return TRIAL_ROUNDS * max(0.0, self.seconds[not self.best] - self.gained[not self.best] / self.rate(self.best))
 
-    def record(self, speculated, tokens_per_row, seconds):
+    def record(self, speculated, gained, seconds):
         """A round of the batch: whether its pass checked guesses (any row's candidates or side
-        tokens), the tokens it added per row, its seconds. Rounds that (re-)prefill a window are not
-        reported: they cost the same in either mode."""
+        tokens), the tokens it gained (its row furthest behind's), its seconds. Rounds that
+        (re-)prefill a window are not reported: they cost the same in either mode."""
         self.recorded += 1
         self.seconds_since_probe += seconds
         rested = self.recorded - self.last_recorded[speculated] > PROBE_GAP  # its old average is stale
@@ -85,5 +88,5 @@ class Fallback:
         self.last_recorded[speculated] = self.recorded
         self.measured[speculated] += 1
         weight = max(DECAY, 1 / self.streak[speculated])  # a plain mean until the average has enough rounds
-        for average, value in ((self.gained, tokens_per_row), (self.seconds, seconds)):
+        for average, value in ((self.gained, gained), (self.seconds, seconds)):
             average[speculated] += weight * (value - average[speculated])

@@ -241,14 +241,14 @@ class ToyEagleHead:
 
 class HeldAfterLongPaths:
     """A fallback whose choice depends on what was sampled: it holds the round after one that gained
-    two tokens or more a row. Choosing by the past never biases what comes next."""
+    two tokens or more. Choosing by the past never biases what comes next."""
     gained = 0
 
     def speculate(self):
         return self.gained < 2
 
-    def record(self, speculated, tokens_per_row, seconds):
-        self.gained = tokens_per_row
+    def record(self, speculated, gained, seconds):
+        self.gained = gained
 
 
 # ---- every method, sampled -------------------------------------------------------------------------

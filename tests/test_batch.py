@@ -78,7 +78,7 @@ class EveryOtherRound:
         self.rounds += 1
         return self.rounds % 2 == 0
 
-    def record(self, speculated, tokens_per_row, seconds):
+    def record(self, speculated, gained, seconds):
         pass
 
 
@@ -105,6 +105,33 @@ def test_every_row_says_what_its_prompt_says_alone(method, held):
     assert target.rounds >= 4 * 50 / 3  # every row checked after every round it took part in
     if method.startswith("eagle"):
         assert all(proposer.head_checks > 5 for proposer in proposers)
+
+
+class FurthestBehind(EveryOtherRound):
+    """EveryOtherRound, checking that each round it hears of gained what the batch's row furthest
+    behind gained: the rows' tokens are followed through on_round."""
+
+    def __init__(self, prompts):
+        self.written, self.before, self.heard = [0] * len(prompts), 0, 0
+
+    def speculate(self):
+        self.before = min(self.written)
+        return super().speculate()
+
+    def on_round(self, b, outcome):
+        self.written[b] += len(outcome.new)
+
+    def record(self, speculated, gained, seconds):
+        still_writing = [n for n in self.written if n < 50]
+        assert gained == min(still_writing or self.written) - self.before
+        self.heard += 1
+
+
+def test_a_batch_round_gains_what_its_row_furthest_behind_gains():
+    fallback = FurthestBehind(PROMPTS)
+    generate_batch(TARGET, PROMPTS, 50, Sampling(), proposers=[METHODS["draft k=3"]() for _ in PROMPTS],
+                   fallback=fallback, on_round=fallback.on_round)
+    assert fallback.heard > 10
 
 
 class CountedDraft(RecordingTarget):

@@ -14,7 +14,7 @@ from tests.conftest import tiny_model
 
 
 def run(fallback, rounds, spec_rate, plain_seconds=1.0):
-    """Feed `rounds` rounds in which a speculative round gains spec_rate tokens per row in the time a
+    """Feed `rounds` rounds in which a speculative round gains spec_rate tokens in the time a
     plain round gains one; return the modes chosen."""
     modes = []
     for _ in range(rounds):
