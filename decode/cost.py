@@ -21,9 +21,9 @@ def profile_prefix(model):
 
 def _prefilled_cache(model, prefix, scratch, generator, batch_size=1):
     cache = model.new_cache(batch_size=batch_size, scratch=scratch)
-    if prefix:  # written by the eager model under a compiled one (StaticGPT.model): no package for its size
+    if prefix:
         idx = torch.randint(model.config.vocab_size, (batch_size, prefix), generator=generator)
-        getattr(model, "model", model)(idx.to(cache.k.device), cache)
+        model(idx.to(cache.k.device), cache)
         cache.commit()
     return cache
 
