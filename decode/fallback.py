@@ -7,8 +7,11 @@ only while speculating is the faster. A batch is done when its last row is, so a
 its row furthest behind gains: over a run these add up to the tokens each row wrote, where the
 rows' mean gain would overrate speculation, which runs some rows ahead of the rest
 (docs/2026-12-06-epyc-x.md). Since the text and the acceptance change, the losing mode is tried
-again once that trial would lose at most 1/64 of the time since the last: a mode that loses by
-little is retried often, one that loses by much (a large batch's speculation) rarely. A new decoder
+again (a probe) as time allows: probes may lose 1/128 of the decoding time, charged what each of
+their rounds actually lost, and one starts once the time saved up covers what it is expected to
+lose. A mode that loses by little is probed often, one that loses by much (a large batch's
+speculation) rarely; a probe that loses more than expected (its last average was a lucky one)
+delays the next. A new decoder
 tries both modes first, unless it starts from the averages an earlier one kept. A plain round and
 a speculative one say the same thing (greedy) or sample from the same distribution, so falling
 back never changes an output.
@@ -17,7 +20,7 @@ from decode.sizing import Backoff
 
 TRIAL_ROUNDS = 2          # measured rounds of a mode before it is judged, at the start and in each probe
 PROBE_GAP = 16            # the fewest rounds between probes; a mode resting longer restarts its average
-PROBE_SHARE = 1 / 64      # the most of the time that probing the losing mode may lose (docs/2026-12-06-epyc-v.md)
+PROBE_SHARE = 1 / 128     # the most of the time that probing the losing mode may lose (docs/2026-12-06-epyc-y.md)
 DECAY = 0.1               # the weight of the latest round in a mode's running average
 MODES = {True: "speculating", False: "plain"}
 
@@ -29,7 +32,7 @@ class Fallback:
     def __init__(self, prior=None):
         """prior: the averages() an earlier Fallback of the same decoder kept (generate.py and bench.py
         keep them with the costs): it starts from that verdict instead of trying both modes first,
-        the one loss its probe budget cannot bound, and with the time its budget had saved up, so
+        the one loss its probe budget cannot bound, and with the budget saved up (or owed), so
         that short runs still probe in turn. A mode's prior gives way to its first new round."""
         self.gained = {True: 0.0, False: 0.0}     # mode (True: speculated) -> running mean of the tokens a round gains
         self.seconds = {True: 0.0, False: 0.0}    # mode -> running mean of a round's seconds
@@ -39,50 +42,56 @@ class Fallback:
         self.recorded = 0
         self.best = True
         self.backoff = Backoff(PROBE_GAP + 1, PROBE_GAP + 1)  # a probe after PROBE_GAP rounds at the least
-        self.seconds_since_probe, self.probe_left = 0.0, 0
+        self.probe_budget, self.probe_left, self.probing = 0.0, 0, False  # the seconds probes may still lose
         if prior and all(prior[name][1] > 0 for name in MODES.values()):
             for mode, name in MODES.items():
                 (self.gained[mode], self.seconds[mode]), self.measured[mode] = prior[name], TRIAL_ROUNDS
-            self.best, self.seconds_since_probe = self.rate(True) >= self.rate(False), prior.get("since probe", 0.0)
+            self.best, self.probe_budget = self.rate(True) >= self.rate(False), prior.get("probe budget", 0.0)
 
     def averages(self):
         """What a later Fallback(prior=...) starts from: JSON, each mode's average tokens and seconds
-        per round, and the seconds since the last probe."""
+        per round, and the probes' budget."""
         return dict({name: [self.gained[mode], self.seconds[mode]] for mode, name in MODES.items()},
-                    **{"since probe": self.seconds_since_probe})
+                    **{"probe budget": self.probe_budget})
 
     def rate(self, speculated):
         """Tokens gained per second in the rounds that did (or did not) speculate."""
         return self.gained[speculated] / self.seconds[speculated]
 
     def speculate(self):
+        self.probing = False  # whether this round is a probe's, to be charged what it loses
         for mode in (True, False):
             if self.measured[mode] < TRIAL_ROUNDS:
                 return mode
         if self.probe_left:
-            self.probe_left -= 1
+            self.probe_left, self.probing = self.probe_left - 1, True
             return not self.best
         best = self.rate(True) >= self.rate(False)
-        if best != self.best:
-            self.best, self.seconds_since_probe = best, 0.0
+        if best != self.best:  # a new verdict saves up anew, and still owes what probes overspent
+            self.best, self.probe_budget = best, min(self.probe_budget, 0.0)
             self.backoff.restart()
-        if not self.backoff.count() or self.probe_loss() > PROBE_SHARE * self.seconds_since_probe:
+        if not self.backoff.count() or self.probe_loss() > self.probe_budget:
             return best
         self.backoff.probe()
-        self.seconds_since_probe, self.probe_left = 0.0, TRIAL_ROUNDS - 1
+        self.probe_left, self.probing = TRIAL_ROUNDS - 1, True
         return not best
 
     def probe_loss(self):
-        """The seconds a probe of the losing mode is expected to lose: its rounds' time beyond what
-        the best mode takes for the same tokens."""
-        return TRIAL_ROUNDS * max(0.0, self.seconds[not self.best] - self.gained[not self.best] / self.rate(self.best))
+        """The seconds a probe of the losing mode is expected to lose."""
+        return TRIAL_ROUNDS * max(0.0, self.loss(self.seconds[not self.best], self.gained[not self.best]))
+
+    def loss(self, seconds, gained):
+        """The seconds a round that gained `gained` tokens in `seconds` took beyond what the best mode takes for them."""
+        return seconds - gained / self.rate(self.best)
 
     def record(self, speculated, gained, seconds):
         """A round of the batch: whether its pass checked guesses (any row's candidates or side
         tokens), the tokens it gained (its row furthest behind's), its seconds. Rounds that
         (re-)prefill a window are not reported: they cost the same in either mode."""
         self.recorded += 1
-        self.seconds_since_probe += seconds
+        self.probe_budget += PROBE_SHARE * seconds
+        if self.probing:
+            self.probe_budget -= self.loss(seconds, gained)  # what it lost, or won
         rested = self.recorded - self.last_recorded[speculated] > PROBE_GAP  # its old average is stale
         self.streak[speculated] = 1 if rested else self.streak[speculated] + 1
         self.last_recorded[speculated] = self.recorded

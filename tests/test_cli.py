@@ -176,7 +176,7 @@ def test_generate_keeps_its_fallback_averages_and_starts_from_them(tiny_checkpoi
     stored = json.loads((tmp_path / "costs.json").read_text())
     (machine, costs), = stored.items()
     kept = costs["the fallback's averages for draft 4 in batches of 1"]
-    assert set(kept) == {"speculating", "plain", "since probe"}
+    assert set(kept) == {"speculating", "plain", "probe budget"}
     kept.update(speculating=[0.01, 1.0], plain=[1.0, 1e-3])  # speculating lost by far
     (tmp_path / "costs.json").write_text(json.dumps(stored))
     second = json.loads(run_cli(*args).stdout)
