@@ -74,8 +74,8 @@ def checkpoint_of(args, kind):
 def add_device_args(parser, dtype_help="default: float32 on CPU, bfloat16 on CUDA"):
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:N, mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default=None,
-                        help=dtype_help + "; auto: bfloat16 on CUDA; decoding on a CPU with AVX512-BF16 or AMX, "
-                                          "float32 or bfloat16, whichever measured faster here; else float32")
+                        help=dtype_help + "; auto: bfloat16 on CUDA; decoding on a CPU, float32 or bfloat16, "
+                                          "whichever measured faster here")
 
 
 def resolve_device(name):
@@ -104,12 +104,13 @@ def resolve_dtype(name, device):
 
 def cast_to_auto_dtype(args, model, device):
     """--dtype auto: `model`, as resolve_dtype loaded it, cast to the dtype returned and said in one line.
-    On a CPU with native bfloat16 (elsewhere oneDNN emulates it, slower), the faster of float32 and a
-    bfloat16 copy (casting back would lose float32's bits) for a decode step, measured once and kept
-    with the costs; bfloat16 changes greedy texts, so only where a step takes 0.9x float32's or less."""
+    On a CPU, the faster of float32 and a bfloat16 copy (casting back would lose float32's bits) for a
+    decode step, measured once and kept with the costs, whether or not the CPU has bfloat16 natively
+    (docs/2026-12-06-epyc-z.md); bfloat16 changes greedy texts, so only where a step takes 0.9x
+    float32's or less."""
     dtype = resolve_dtype("auto", device)
-    why = "on CUDA: not measured" if dtype == torch.bfloat16 else f"no native bfloat16 on this {device}"
-    if device == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+    why = "on CUDA: not measured" if dtype == torch.bfloat16 else f"no bfloat16 on this {device}"
+    if device == "cpu":
         costs = stored_costs(args, device, dtype)
         seconds = costs.get("a decode step by dtype", lambda: quickest_steps(
             {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}))

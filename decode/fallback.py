@@ -11,10 +11,9 @@ again (a probe) as time allows: probes may lose 1/128 of the decoding time, char
 their rounds actually lost, and one starts once the time saved up covers what it is expected to
 lose. A mode that loses by little is probed often, one that loses by much (a large batch's
 speculation) rarely; a probe that loses more than expected (its last average was a lucky one)
-delays the next. A new decoder
-tries both modes first, unless it starts from the averages an earlier one kept. A plain round and
-a speculative one say the same thing (greedy) or sample from the same distribution, so falling
-back never changes an output.
+delays the next. A new decoder tries both modes first, unless it starts from the averages an
+earlier one kept. A plain round and a speculative one say the same thing (greedy) or sample from
+the same distribution, so falling back never changes an output.
 """
 from decode.sizing import Backoff
 
