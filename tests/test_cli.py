@@ -336,7 +336,7 @@ def test_a_command_freezes_what_it_has_loaded(tiny_checkpoint):
         gc.unfreeze()
 
 
-def timed_steps(monkeypatch, seconds=None):
+def timed_steps(monkeypatch, seconds):
     """Decode steps that take seconds[dtype]: the list of dtypes that cli.cast_to_auto_dtype timed a step in."""
     timed = []
 
@@ -377,12 +377,16 @@ def test_dtype_auto_measures_on_every_cpu_and_takes_bfloat16_on_cuda_unmeasured(
     timed = timed_steps(monkeypatch, {torch.float32: 2e-3, torch.bfloat16: 1e-3})
     for flag in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
         monkeypatch.setattr(torch.cpu, flag, lambda: False)
-    assert cli.cast_to_auto_dtype(flags(tmp_path), tiny_model(dtype=torch.float32), "cpu") == torch.bfloat16
+    model = tiny_model(dtype=torch.float32)
+    assert cli.cast_to_auto_dtype(flags(tmp_path), model, "cpu") == torch.bfloat16 == model.lm_head.weight.dtype
+    assert set(timed) == {torch.float32, torch.bfloat16}
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    cuda = tmp_path / "cuda"
-    assert cli.cast_to_auto_dtype(flags(cuda), tiny_model(dtype=torch.float32), "cuda") == torch.bfloat16
-    assert set(timed) == {torch.float32, torch.bfloat16} and not cuda.exists()
-    assert capsys.readouterr().err.splitlines()[-1] == "dtype auto: bfloat16 (on CUDA: not measured)"
+    cuda, model, measured = tmp_path / "cuda", tiny_model(dtype=torch.float32), len(timed)
+    assert cli.cast_to_auto_dtype(flags(cuda), model, "cuda") == torch.bfloat16 == model.lm_head.weight.dtype
+    assert len(timed) == measured and not cuda.exists()
+    cpu_line, cuda_line = capsys.readouterr().err.splitlines()[-2:]
+    assert cpu_line.startswith("dtype auto: bfloat16 (a decode step here: float32 2.00 ms, bfloat16 1.00 ms")
+    assert cuda_line == "dtype auto: bfloat16 (on CUDA: not measured)"
 
 
 @pytest.mark.parametrize("eager, compiled, pays", [(2e-3, 1e-3, True), (1e-3, 2e-3, False), (1e-3, 0.95e-3, False)])
