@@ -232,11 +232,20 @@ def setting_of(args, method):
 @contextlib.contextmanager
 def kept_fallback(args, label, batch_size, device, dtype):
     """The measured fallback (decode/fallback.py) of `label` decoding in batches of batch_size,
-    starting from the averages its last run kept with the costs, which it keeps again after."""
-    costs, name = stored_costs(args, device, dtype), f"the fallback's averages for {label} in batches of {batch_size}"
-    fallback = Fallback(costs.get(name))
+    starting from the averages its last run kept with the costs, which it keeps again after. With
+    none kept for this batch size, it starts from the largest smaller one's (less their probe budget)
+    rather than trying both modes first: each average gives way to the first round measured here, and
+    a trial of speculating costs a large batch the most (docs/2026-12-06-epyc-aa.md)."""
+    costs = stored_costs(args, device, dtype)
+    name = "the fallback's averages for {} in batches of {}".format
+    prior = costs.get(name(label, batch_size))
+    for smaller in range(batch_size - 1, 0, -1) if prior is None else ():
+        if (prior := costs.get(name(label, smaller))) is not None:
+            prior = dict(prior, **{"probe budget": 0.0})
+            break
+    fallback = Fallback(prior)
     yield fallback
-    costs.put(name, fallback.averages())
+    costs.put(name(label, batch_size), fallback.averages())
 
 
 def stored_costs(args, device, dtype):

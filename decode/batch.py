@@ -189,7 +189,7 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
         if fallback and all(len(row.tail) == 1 for row in batch.active):
             # a round whose pass checked or carried nothing beyond the root (no row proposed) is a
             # plain one, whatever the mode: a method that guesses in bursts is judged by its guesses
-            checked = any(row.candidates.checked_size() > 1 for row in batch.active)
+            checked = batch.speculating and any(row.candidates.checked_size() > 1 for row in batch.active)
             # a batch is done when its last row is: a round gains what its row furthest behind gains
             fallback.record(checked, min(row.new_tokens for row in batch.active) - furthest_behind, sum(seconds))
         batch.drop_finished(started)

@@ -59,6 +59,7 @@ class KVCache(Cache):
         shape = (n_layer, batch_size, n_head, capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, capacity, hs)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._take_views()
         self.capacity = capacity
         self.lengths = [0] * batch_size  # committed entries of each batch row, in every layer
         self.pending = 0  # scratch entries after each row's prefix since the last commit or rollback
@@ -70,25 +71,34 @@ class KVCache(Cache):
             self._row_lengths = torch.tensor(self.lengths, device=self.k.device)
         return self._row_lengths
 
+    def _take_views(self):
+        """Each layer's keys and values, and the same as (B * nh * capacity, hs) rows for a ragged
+        write, taken once per storage: indexing the (L, B, ...) tensors anew in every layer of every
+        pass cost a B = 4 decode step more than its copies (docs/2026-12-06-epyc-aa.md)."""
+        B, nh, capacity, hs = self.k.shape[1:]
+        layers = range(self.k.size(0))
+        self.layer_k, self.layer_v = [self.k[l] for l in layers], [self.v[l] for l in layers]  # (B, nh, capacity, hs)
+        self.flat_k, self.flat_v = [k.view(-1, hs) for k in self.layer_k], [v.view(-1, hs) for v in self.layer_v]
+        self._head_start = torch.arange(B * nh, device=self.k.device).view(B, nh, 1) * capacity  # a (row, head)'s first slot
+
     def write(self, layer, k_new, v_new):
         n = k_new.size(2)
         end = self.end_of_pass(n)
+        k, v = self.layer_k[layer], self.layer_v[layer]
         if self.row_lengths() is None:
             start = self.lengths[0]
-            self.k[layer, :, :, start:end] = k_new
-            self.v[layer, :, :, start:end] = v_new
-        else:  # whole (hs,) rows of the layer seen as (B * nh * capacity, hs) rows, at slots built for
-            # the pass's first layer: index_copy_ of rows takes 0.4-0.6x scatter_'s time, itself half of
-            # indexed assignment's (docs/2026-12-06-epyc-w.md)
-            B, nh, _, hs = k_new.shape
-            if self._row_slots is None or self._row_slots.numel() != B * nh * n:
+            k[:, :, start:end] = k_new
+            v[:, :, start:end] = v_new
+        else:  # index_copy_ of whole (hs,) rows, at slots built for the pass's first layer, takes 0.4-0.6x
+            # scatter_'s time, itself half of indexed assignment's (docs/2026-12-06-epyc-w.md)
+            hs = k_new.size(-1)
+            if self._row_slots is None or self._row_slots.numel() != k_new.numel() // hs:
                 slots = self._row_lengths[:, None] + torch.arange(n, device=self.k.device)  # (B, n)
-                heads = torch.arange(B * nh, device=self.k.device).view(B, nh, 1) * self.capacity  # (B, nh, 1)
-                self._row_slots = (heads + slots[:, None, :]).flatten()  # (B * nh * n,)
-            self.k[layer].view(-1, hs).index_copy_(0, self._row_slots, k_new.reshape(-1, hs))
-            self.v[layer].view(-1, hs).index_copy_(0, self._row_slots, v_new.reshape(-1, hs))
+                self._row_slots = (self._head_start + slots[:, None, :]).flatten()  # (B * nh * n,)
+            self.flat_k[layer].index_copy_(0, self._row_slots, k_new.reshape(-1, hs))
+            self.flat_v[layer].index_copy_(0, self._row_slots, v_new.reshape(-1, hs))
         self.wrote(n)
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, max(lengths) + n, hs)
+        return k[:, :, :end], v[:, :, :end]  # (B, nh, max(lengths) + n, hs)
 
     def wrote(self, n):
         """n scratch entries were written after each row's prefix (by write, a static pass, row views):
@@ -142,6 +152,7 @@ class KVCache(Cache):
         """Keep only the batch rows `rows` (indices, in order): finished sequences stop costing work."""
         index = torch.tensor(rows, device=self.k.device)
         self.k, self.v = self.k[:, index].contiguous(), self.v[:, index].contiguous()
+        self._take_views()
         self.lengths = [self.lengths[r] for r in rows]
         self._row_lengths = self._row_slots = None
 

@@ -183,6 +183,25 @@ def test_generate_keeps_its_fallback_averages_and_starts_from_them(tiny_checkpoi
     assert second["held"] == 1.0 and second["text"] == json.loads(first.stdout)["text"]
 
 
+def test_a_batch_size_with_no_kept_averages_starts_from_a_smaller_ones(tiny_checkpoint, tmp_path):
+    for name in ("target.pt", "draft.pt"):
+        (tmp_path / name).write_bytes((tiny_checkpoint / name).read_bytes())
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(p) for p in ["ROMEO:", "To be", "O"]))
+    args = ("generate.py", "--out-dir", tmp_path, "--spec", "draft", "--temperature", "0", "--max-new-tokens", "20",
+            "--json")
+    assert run_cli(*args).returncode == 0  # keeps averages for batches of 1
+    stored = json.loads((tmp_path / "costs.json").read_text())
+    (machine, costs), = stored.items()
+    costs["the fallback's averages for draft 4 in batches of 1"] = dict(speculating=[0.01, 1.0], plain=[1.0, 1e-3],
+                                                                       **{"probe budget": 5.0})
+    (tmp_path / "costs.json").write_text(json.dumps(stored))
+    r = run_cli(*args, "--prompt-file", tmp_path / "p.jsonl", "--batch-size", "3")
+    assert r.returncode == 0, r.stderr
+    assert all(json.loads(line)["held"] == 1.0 for line in r.stdout.splitlines())  # no trial rounds, no probes
+    kept = json.loads((tmp_path / "costs.json").read_text())[machine]
+    assert kept["the fallback's averages for draft 4 in batches of 3"]["probe budget"] < 1.0  # not the 5 s of batches of 1
+
+
 def test_generate_batches_of_prompts_say_what_each_prompt_says_alone(tiny_checkpoint, tmp_path):
     prompts = ["ROMEO:", "To be", "", "And so\nthe king", "O"]
     (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(p) for p in prompts[:3]) + "\n"
