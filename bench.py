@@ -21,10 +21,10 @@ draft guesses: r(k+1) + k*c). Greedy rows also say on what share of the prompts 
 exactly plain decoding's tokens: all of them in float64; in float32 and below a pass over several
 tokens rounds differently from single steps, and a near-tie can flip. Each method decodes as
 generate.py's does, with the measured fallback (decode/fallback.py) unless --no-fallback, which
-starts from what the row's last run measured (kept in OUT_DIR/costs.json; a first run on a machine
-tries both modes first): "held" is the share of its rounds it kept plain, which its prediction
-counts as plain steps. A second table says where each row's rounds spent their time, a third how
-often candidates were accepted at each depth.
+starts from what the row's last run measured (kept in OUT_DIR/costs.json; a first run at a batch
+size from a smaller one's, a first run at all tries both modes first): "held" is the share of its
+rounds it kept plain, which its prediction counts as plain steps. A second table says where each
+row's rounds spent their time, a third how often candidates were accepted at each depth.
 """
 import contextlib
 import json

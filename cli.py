@@ -234,8 +234,8 @@ def kept_fallback(args, label, batch_size, device, dtype):
     """The measured fallback (decode/fallback.py) of `label` decoding in batches of batch_size,
     starting from the averages its last run kept with the costs, which it keeps again after. With
     none kept for this batch size, it starts from the largest smaller one's (less their probe budget)
-    rather than trying both modes first: each average gives way to the first round measured here, and
-    a trial of speculating costs a large batch the most (docs/2026-12-06-epyc-aa.md)."""
+    rather than trying both modes first, which costs a large batch the most: scaled to this batch's
+    rounds as they are measured, a verdict to hold stands (docs/2026-12-06-epyc-aa.md)."""
     costs = stored_costs(args, device, dtype)
     name = "the fallback's averages for {} in batches of {}".format
     prior = costs.get(name(label, batch_size))

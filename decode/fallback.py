@@ -32,7 +32,10 @@ class Fallback:
         """prior: the averages() an earlier Fallback of the same decoder kept (generate.py and bench.py
         keep them with the costs): it starts from that verdict instead of trying both modes first,
         the one loss its probe budget cannot bound, and with the budget saved up (or owed), so
-        that short runs still probe in turn. A mode's prior gives way to its first new round."""
+        that short runs still probe in turn. A mode's prior gives way to its first new round, and
+        scales the other's prior by as much: a prior from a smaller batch, where every round is
+        quicker and speculating gains more, keeps the verdict it came with until both modes are
+        measured here."""
         self.gained = {True: 0.0, False: 0.0}     # mode (True: speculated) -> running mean of the tokens a round gains
         self.seconds = {True: 0.0, False: 0.0}    # mode -> running mean of a round's seconds
         self.measured = {True: 0, False: 0}       # rounds recorded in all
@@ -42,10 +45,12 @@ class Fallback:
         self.best = True
         self.backoff = Backoff(PROBE_GAP + 1, PROBE_GAP + 1)  # a probe after PROBE_GAP rounds at the least
         self.probe_budget, self.probe_left, self.probing = 0.0, 0, False  # the seconds probes may still lose
+        self.from_prior = set()  # the modes whose averages are still the prior's
         if prior and all(prior[name][1] > 0 for name in MODES.values()):
             for mode, name in MODES.items():
                 (self.gained[mode], self.seconds[mode]), self.measured[mode] = prior[name], TRIAL_ROUNDS
             self.best, self.probe_budget = self.rate(True) >= self.rate(False), prior.get("probe budget", 0.0)
+            self.from_prior = set(MODES)
 
     def averages(self):
         """What a later Fallback(prior=...) starts from: JSON, each mode's average tokens and seconds
@@ -91,6 +96,10 @@ class Fallback:
         self.probe_budget += PROBE_SHARE * seconds
         if self.probing:
             self.probe_budget -= self.loss(seconds, gained)  # what it lost, or won
+        if speculated in self.from_prior:
+            self.from_prior.discard(speculated)
+            for other in self.from_prior:
+                self.seconds[other] *= seconds / self.seconds[speculated]
         rested = self.recorded - self.last_recorded[speculated] > PROBE_GAP  # its old average is stale
         self.streak[speculated] = 1 if rested else self.streak[speculated] + 1
         self.last_recorded[speculated] = self.recorded

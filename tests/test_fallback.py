@@ -87,6 +87,16 @@ def test_it_starts_from_the_averages_an_earlier_run_kept_and_pays_no_first_trial
     assert all(run(Fallback(earlier.averages()), PROBE_GAP, spec_rate=1.5))
 
 
+def test_averages_kept_for_a_smaller_batch_keep_their_verdict_here():
+    """A larger batch starting from a smaller one's averages (cli.kept_fallback), where speculating
+    lost: every round takes 3x as long here, so beside plain rounds timed here the prior's quicker
+    speculating rounds would look the faster and be tried. Scaled by as much as plain's, they are
+    held, as the smaller batch held them, until a probe is due."""
+    prior = {"speculating": [1.2, 1.5], "plain": [1.0, 1.0], "probe budget": 0.0}  # speculating 0.8x as fast
+    modes = run(Fallback(prior), 50, spec_rate=1.2, plain_seconds=3.0)
+    assert not any(modes)
+
+
 def test_runs_too_short_for_a_probe_save_up_its_time_from_run_to_run():
     """Kept averages that have plain rounds three times too slow (measured in a bad moment), then runs
     of 30 rounds, too short for the probe's budget: the budget saved up carries over, so plain is
