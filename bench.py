@@ -22,8 +22,8 @@ exactly plain decoding's tokens: all of them in float64; in float32 and below a 
 tokens rounds differently from single steps, and a near-tie can flip. Each method decodes as
 generate.py's does, with the measured fallback (decode/fallback.py) unless --no-fallback, which
 starts from what the row's last run measured (kept in OUT_DIR/costs.json; a first run at a batch
-size from a smaller one's, a first run at all tries both modes first): "held" is the share of its
-rounds it kept plain, which its prediction counts as plain steps. A second table says where each
+size holds where a smaller one held, or tries both modes first): "held" is the share of its rounds
+it kept plain, which its prediction counts as plain steps. A second table says where each
 row's rounds spent their time, a third how often candidates were accepted at each depth.
 """
 import contextlib

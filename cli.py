@@ -233,16 +233,17 @@ def setting_of(args, method):
 def kept_fallback(args, label, batch_size, device, dtype):
     """The measured fallback (decode/fallback.py) of `label` decoding in batches of batch_size,
     starting from the averages its last run kept with the costs, which it keeps again after. With
-    none kept for this batch size, it starts from the largest smaller one's (less their probe budget)
-    rather than trying both modes first, which costs a large batch the most: scaled to this batch's
-    rounds as they are measured, a verdict to hold stands (docs/2026-12-06-epyc-aa.md)."""
+    none kept for this batch size, it takes the largest smaller one's where they held speculating
+    (less their probe budget): a larger batch gains less by it, so it holds here too, where trying
+    both modes first costs a large batch the most (docs/2026-12-06-epyc-aa.md). Where they
+    speculated, both modes are tried."""
     costs = stored_costs(args, device, dtype)
     name = "the fallback's averages for {} in batches of {}".format
     prior = costs.get(name(label, batch_size))
-    for smaller in range(batch_size - 1, 0, -1) if prior is None else ():
-        if (prior := costs.get(name(label, smaller))) is not None:
-            prior = dict(prior, **{"probe budget": 0.0})
-            break
+    if prior is None:
+        smaller = next(filter(None, (costs.get(name(label, b)) for b in range(batch_size - 1, 0, -1))), None)
+        if smaller and not Fallback(smaller).best:
+            prior = dict(smaller, **{"probe budget": 0.0})
     fallback = Fallback(prior)
     yield fallback
     costs.put(name(label, batch_size), fallback.averages())

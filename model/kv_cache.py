@@ -59,12 +59,12 @@ class KVCache(Cache):
         shape = (n_layer, batch_size, n_head, capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, capacity, hs)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self._take_views()
         self.capacity = capacity
         self.lengths = [0] * batch_size  # committed entries of each batch row, in every layer
         self.pending = 0  # scratch entries after each row's prefix since the last commit or rollback
         self._row_lengths = None  # self.lengths as a tensor, while the rows differ
         self._row_slots = None  # where a pass writes in each row, while the rows differ
+        self._take_views()
 
     def row_lengths(self):
         if self._row_lengths is None and self.ragged:
@@ -73,8 +73,8 @@ class KVCache(Cache):
 
     def _take_views(self):
         """Each layer's keys and values, and the same as (B * nh * capacity, hs) rows for a ragged
-        write, taken once per storage: indexing the (L, B, ...) tensors anew in every layer of every
-        pass cost a B = 4 decode step more than its copies (docs/2026-12-06-epyc-aa.md)."""
+        write, taken once per storage: indexing the (L, B, ...) tensors in every layer of every pass
+        made a ragged write 40% slower (docs/2026-12-06-epyc-aa.md)."""
         B, nh, capacity, hs = self.k.shape[1:]
         layers = range(self.k.size(0))
         self.layer_k, self.layer_v = [self.k[l] for l in layers], [self.v[l] for l in layers]  # (B, nh, capacity, hs)
