@@ -183,27 +183,39 @@ def test_generate_keeps_its_fallback_averages_and_starts_from_them(tiny_checkpoi
     assert second["held"] == 1.0 and second["text"] == json.loads(first.stdout)["text"]
 
 
-def test_a_new_batch_size_holds_where_a_smaller_one_held_and_tries_both_where_it_speculated(tiny_checkpoint,
-                                                                                           tmp_path):
+def test_a_new_batch_size_holds_where_a_smaller_one_held(tiny_checkpoint, tmp_path):
     for name in ("target.pt", "draft.pt"):
         (tmp_path / name).write_bytes((tiny_checkpoint / name).read_bytes())
     (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(p) for p in ["ROMEO:", "To be", "O"]))
     args = ("generate.py", "--out-dir", tmp_path, "--spec", "draft", "--temperature", "0", "--max-new-tokens", "20",
             "--json")
     assert run_cli(*args).returncode == 0  # keeps averages for batches of 1
-    for speculating, all_held in (([0.01, 1.0], True), ([2.0, 1e-3], False)):  # lost by far; paid 2x
-        stored = json.loads((tmp_path / "costs.json").read_text())
-        (machine, costs), = stored.items()
-        costs["the fallback's averages for draft 4 in batches of 1"] = dict(
-            speculating=speculating, plain=[1.0, 1e-3], **{"probe budget": 5.0})
-        costs.pop("the fallback's averages for draft 4 in batches of 3", None)
-        (tmp_path / "costs.json").write_text(json.dumps(stored))
-        r = run_cli(*args, "--prompt-file", tmp_path / "p.jsonl", "--batch-size", "3")
-        assert r.returncode == 0, r.stderr
-        held = [json.loads(line)["held"] for line in r.stdout.splitlines()]
-        assert all(h == 1.0 for h in held) == all_held  # no trial rounds, no probes; or its first trials
+    stored = json.loads((tmp_path / "costs.json").read_text())
+    (machine, costs), = stored.items()
+    costs["the fallback's averages for draft 4 in batches of 1"] = dict(speculating=[0.01, 1.0], plain=[1.0, 1e-3],
+                                                                       **{"probe budget": 5.0})  # lost by far
+    (tmp_path / "costs.json").write_text(json.dumps(stored))
+    r = run_cli(*args, "--prompt-file", tmp_path / "p.jsonl", "--batch-size", "3")
+    assert r.returncode == 0, r.stderr
+    assert all(json.loads(line)["held"] == 1.0 for line in r.stdout.splitlines())  # no trial rounds, no probes
     kept = json.loads((tmp_path / "costs.json").read_text())[machine]
     assert kept["the fallback's averages for draft 4 in batches of 3"]["probe budget"] < 1.0  # not batches of 1's 5 s
+
+
+def test_a_new_batch_size_takes_nothing_from_a_smaller_one_that_speculated(tiny_checkpoint, tmp_path):
+    for name in ("target.pt", "draft.pt"):
+        (tmp_path / name).write_bytes((tiny_checkpoint / name).read_bytes())
+    args = generate.parse_args(["--out-dir", str(tmp_path), "--spec", "draft"])
+    costs = cli.stored_costs(args, "cpu", torch.float32)
+    averages = "the fallback's averages for draft 4 in batches of {}".format
+    for speculating, taken in (([0.01, 1.0], True), ([2.0, 1e-3], False)):  # lost by far; paid 2x
+        costs.put(averages(1), dict(speculating=speculating, plain=[1.0, 1e-3], **{"probe budget": 5.0}))
+        costs.put(averages(3), None)
+        with cli.kept_fallback(args, "draft 4", 3, "cpu", torch.float32) as fallback:
+            if taken:  # less their probe budget
+                assert fallback.gained[True] == 0.01 and fallback.probe_budget == 0.0
+            else:  # nothing: both modes are tried first
+                assert fallback.measured == {True: 0, False: 0}
 
 
 def test_generate_batches_of_prompts_say_what_each_prompt_says_alone(tiny_checkpoint, tmp_path):
