@@ -238,10 +238,10 @@ def kept_fallback(args, label, batch_size, device, dtype):
     both modes first costs a large batch the most (docs/2026-12-06-epyc-aa.md). Where they
     speculated, both modes are tried."""
     costs = stored_costs(args, device, dtype)
-    name = "the fallback's averages for {} in batches of {}".format
-    prior = costs.get(name(label, batch_size))
+    name, kept = "the fallback's averages for {} in batches of {}".format, costs.kept()
+    prior = kept.get(name(label, batch_size))
     if prior is None:
-        smaller = next(filter(None, (costs.get(name(label, b)) for b in range(batch_size - 1, 0, -1))), None)
+        smaller = next(filter(None, (kept.get(name(label, b)) for b in range(batch_size - 1, 0, -1))), None)
         if smaller and not Fallback(smaller).best:
             prior = dict(smaller, **{"probe budget": 0.0})
     fallback = Fallback(prior)

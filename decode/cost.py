@@ -126,10 +126,14 @@ class StoredCosts:
         except OSError:
             pass  # a read-only directory: the costs are measured again next time
 
+    def kept(self):
+        """Every cost this machine has kept, by name: one read of the file."""
+        return (self._read() if self.path else {}).get(self.machine, {})
+
     def get(self, name, measure=None):
         """The cost called `name`, from the file if it was measured before, else measure() now (or
         None, without a measure)."""
-        value = (self._read() if self.path else {}).get(self.machine, {}).get(name)
+        value = self.kept().get(name)
         if value is None and measure is not None:
             self.on_measure(name)
             value = measure()
