@@ -68,6 +68,22 @@ def test_a_pass_mask_is_reused_only_for_the_same_lengths_and_mask():
                 torch.testing.assert_close(out[b:b + 1], naive_attention(q[b:b + 1], k[alone], v[alone], one))
 
 
+def test_rows_going_on_by_the_same_steps_attend_as_if_alone_pass_after_pass():
+    """Plain decoding of rows of different lengths: each pass's keys are one longer, the rows as far
+    apart as before, until they move apart (a row accepted more) or the keys outgrow the mask built."""
+    gen = torch.Generator().manual_seed(0)
+    one = torch.ones(1, 1, dtype=torch.bool)
+    for lengths in [[2, 5, 3]] * 3 + [[9, 4, 5], [10, 5, 6]] + [[11 + step, 6 + step, 7 + step] for step in range(30)]:
+        total = max(lengths) + 1
+        q = torch.randn(3, 2, 1, 8, generator=gen, dtype=torch.float64)
+        k = torch.randn(3, 2, total, 8, generator=gen, dtype=torch.float64)
+        v = torch.randn(3, 2, total, 8, generator=gen, dtype=torch.float64)
+        out = sdpa_attention(q, k, v, None, torch.tensor(lengths))
+        for b, length in enumerate(lengths):
+            alone = slice(b, b + 1), slice(None), slice(0, length + 1)
+            torch.testing.assert_close(out[b:b + 1], naive_attention(q[b:b + 1], k[alone], v[alone], one))
+
+
 @IMPLEMENTATIONS
 def test_strided_cache_views_are_fine(attention):
     gen = torch.Generator().manual_seed(0)
