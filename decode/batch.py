@@ -171,8 +171,10 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
         proposer.start(prompt)
         rows.append(_Row(index, len(prompt), list(prompt), proposer, ContextWindow(cache, block_size)))
     batch = _Batch(model, cache, rows, max_new_tokens, sampling, generator, on_token)
+    prompts_apart = len({len(prompt) for prompt in prompts}) > 1
     while batch.active:
         batch.speculating = fallback is None or fallback.speculate()
+        left_apart = cache.ragged and not prompts_apart  # by earlier rounds that speculated
         furthest_behind = min(row.new_tokens for row in batch.active)
         seconds = []
         for phase in (batch.propose, batch.run_pass, batch.verify, batch.commit, batch.update):
@@ -191,7 +193,8 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             # plain one, whatever the mode: a method that guesses in bursts is judged by its guesses
             checked = batch.speculating and any(row.candidates.checked_size() > 1 for row in batch.active)
             # a batch is done when its last row is: a round gains what its row furthest behind gains
-            fallback.record(checked, min(row.new_tokens for row in batch.active) - furthest_behind, sum(seconds))
+            fallback.record(checked, min(row.new_tokens for row in batch.active) - furthest_behind, sum(seconds),
+                            left_apart)
         batch.drop_finished(started)
     for row in rows:
         row.stats.new_tokens, row.stats.draft_forwards = row.new_tokens, row.proposer.forwards

@@ -11,7 +11,8 @@ again (a probe) as time allows: probes may lose 1/128 of the decoding time, char
 their rounds actually lost, and one starts once the time saved up covers what it is expected to
 lose. A mode that loses by little is probed often, one that loses by much (a large batch's
 speculation) rarely; a probe that loses more than expected (its last average was a lucky one)
-delays the next. A new decoder tries both modes first, unless it starts from the averages an
+delays the next, and so does one that leaves a batch's rows apart, for what their plain rounds
+then take beyond plain's average. A new decoder tries both modes first, unless it starts from the averages an
 earlier one kept. A plain round and a speculative one say the same thing (greedy) or sample from
 the same distribution, so falling back never changes an output.
 """
@@ -88,12 +89,19 @@ class Fallback:
         """The seconds a round that gained `gained` tokens in `seconds` took beyond what the best mode takes for them."""
         return seconds - gained / self.rate(self.best)
 
-    def record(self, speculated, gained, seconds):
+    def record(self, speculated, gained, seconds, left_apart=False):
         """A round of the batch: whether its pass checked guesses (any row's candidates or side
-        tokens), the tokens it gained (its row furthest behind's), its seconds. Rounds that
-        (re-)prefill a window are not reported: they cost the same in either mode."""
+        tokens), the tokens it gained (its row furthest behind's), its seconds; left_apart: whether
+        its rows held different lengths only because earlier rounds speculated (their prompts had one
+        length). Rounds that (re-)prefill a window are not reported: they cost the same in either mode."""
         self.recorded += 1
         self.probe_budget += PROBE_SHARE * seconds
+        if left_apart and not (speculated or self.best or self.probing) and self.measured[False] >= TRIAL_ROUNDS:
+            # a held round over rows a probe left apart pays for a mask and a scattered write
+            # (docs/2026-12-06-epyc-aa.md): the probe's cost, not plain decoding's
+            self.probe_budget -= seconds - self.seconds[False]
+            self.last_recorded[False] = self.recorded
+            return
         if self.probing:
             self.probe_budget -= self.loss(seconds, gained)  # what it lost, or won
         if speculated in self.from_prior:

@@ -247,7 +247,7 @@ class HeldAfterLongPaths:
     def speculate(self):
         return self.gained < 2
 
-    def record(self, speculated, gained, seconds):
+    def record(self, speculated, gained, seconds, left_apart):
         self.gained = gained
 
 

@@ -78,7 +78,7 @@ class EveryOtherRound:
         self.rounds += 1
         return self.rounds % 2 == 0
 
-    def record(self, speculated, gained, seconds):
+    def record(self, speculated, gained, seconds, left_apart):
         pass
 
 
@@ -121,7 +121,7 @@ class FurthestBehind(EveryOtherRound):
     def on_round(self, b, outcome):
         self.written[b] += len(outcome.new)
 
-    def record(self, speculated, gained, seconds):
+    def record(self, speculated, gained, seconds, left_apart):
         still_writing = [n for n in self.written if n < 50]
         assert gained == min(still_writing or self.written) - self.before
         self.heard += 1

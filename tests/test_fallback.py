@@ -8,6 +8,7 @@ import torch
 
 from decode.fallback import PROBE_GAP, PROBE_SHARE, TRIAL_ROUNDS, Fallback
 from decode.methods import make_proposer
+from decode.plain import Plain
 from decode.sampling import Sampling
 from decode.batch import generate_batch
 from decode.speculative import generate
@@ -57,6 +58,20 @@ def test_its_probes_lose_no_more_than_their_share_when_rounds_vary():
         lost += fallback.probing * (1.0 - gained)
         fallback.record(speculated, gained, 1.0)
     assert fallback.measured[True] > 2 * TRIAL_ROUNDS and lost / rounds <= PROBE_SHARE
+
+
+def test_a_probe_is_charged_for_the_held_rounds_it_leaves_apart():
+    """A probe that accepts more in one row than another leaves the batch's rows apart, and every
+    plain round after it pays for that (10% more here, for the 40 rounds after it): charged for
+    those rounds too, probes and what they leave behind keep within the share."""
+    fallback, lost, apart_for, rounds = Fallback(), 0.0, 0, 20000
+    for _ in range(rounds):
+        speculated = fallback.speculate()
+        apart_for = 40 if speculated else max(0, apart_for - 1)
+        seconds = 1.1 if apart_for and not speculated else 1.0
+        lost += 0.5 if speculated else seconds - 1.0  # against plain rounds of rows of one length
+        fallback.record(speculated, 0.5 if speculated else 1.0, seconds, apart_for > 0 and not speculated)
+    assert fallback.measured[True] > 2 * TRIAL_ROUNDS and lost / rounds <= 1.1 * PROBE_SHARE
 
 
 def test_a_mode_that_loses_by_little_is_probed_more_often():
@@ -121,6 +136,32 @@ def test_a_held_method_still_says_what_plain_decoding_says():
     assert out == alone
     assert fallback.measured[True] >= TRIAL_ROUNDS and fallback.measured[False] >= TRIAL_ROUNDS
     assert stats.held_rounds >= TRIAL_ROUNDS
+
+
+class SpeculatesOnce:
+    """A fallback that speculates in its second round only (the first prefills), and keeps what it is told."""
+
+    def __init__(self):
+        self.rounds, self.left_apart = 0, []
+
+    def speculate(self):
+        self.rounds += 1
+        return self.rounds == 2
+
+    def record(self, speculated, gained, seconds, left_apart):
+        self.left_apart.append(left_apart)
+
+
+def test_the_batch_says_which_rounds_rows_were_left_apart_by_speculating():
+    """Prompts of one length go apart where a speculative round accepted more in one row than another
+    (the first row's draft is the target itself, the others propose nothing), until the row ahead
+    finishes; prompts of different lengths were apart from the first, whatever the rounds did."""
+    model = tiny_model(block_size=48)
+    for prompts, apart in (([[1, 2, 3], [4, 5, 6], [7, 7, 7]], True), ([[1, 2, 3], [4, 5], [7, 7, 7]], False)):
+        fallback = SpeculatesOnce()
+        proposers = [make_proposer("draft", "3", model, draft_model=model)] + [Plain(), Plain()]
+        generate_batch(model, prompts, 20, Sampling(), proposers=proposers, fallback=fallback)
+        assert fallback.left_apart[:2] == [False, apart] and (True in fallback.left_apart) == apart
 
 
 class AlwaysPlain:
