@@ -111,7 +111,7 @@ def _causal_rows_mask(lengths, n, total, dtype):
     """The additive mask (B, 1, n, P+n) of a causal pass over rows of different lengths. Counted back
     from the last key it depends only on how far each row is behind the longest, so a mask built wider
     serves every later pass of the same rows going on by the same steps (plain decoding), sliced to its
-    keys: building it was a third of what such a step paid over one of rows of one length
+    keys: building it anew was a sixth of what such a step paid over one of rows of one length
     (docs/2026-12-06-epyc-ab.md)."""
     global _last_causal
     rows = lengths.tolist()
