@@ -12,9 +12,9 @@ their rounds actually lost, and one starts once the time saved up covers what it
 lose. A mode that loses by little is probed often, one that loses by much (a large batch's
 speculation) rarely; a probe that loses more than expected (its last average was a lucky one)
 delays the next, and so does one that leaves a batch's rows apart, for what their plain rounds
-then take beyond plain's average. A new decoder tries both modes first, unless it starts from the averages an
-earlier one kept. A plain round and a speculative one say the same thing (greedy) or sample from
-the same distribution, so falling back never changes an output.
+then take beyond plain's average. A new decoder tries both modes first, unless it starts from the
+averages an earlier one kept. A plain round and a speculative one say the same thing (greedy) or
+sample from the same distribution, so falling back never changes an output.
 """
 from decode.sizing import Backoff
 
