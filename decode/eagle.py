@@ -115,10 +115,14 @@ class Eagle(Proposer):
         """hidden: (tail + n, C), every row of the pass: the uncached tail ending with the root,
         then the candidates. The rows of the tail and of the accepted path are the features of the
         tokens the target has just committed; each pairs with the token after it."""
-        tail = len(hidden) - len(logits) + 1
-        # where nothing was accepted (every round held plain), a slice: a held round must cost ~nothing
-        features = hidden[[*range(tail), *(tail - 1 + c for c in verdict.path)]] if verdict.path else hidden[:tail]
-        first = len(tokens) - 1 - len(features)  # the first of those tokens
+        # a held round must cost ~nothing: shapes (len() of a tensor takes 3x as long), and its pass
+        # was the tail alone, so hidden is its features as they are (docs/2026-12-06-epyc-ab.md)
+        tail = hidden.shape[0] - logits.shape[0] + 1
+        if verdict.path:
+            features = hidden[[*range(tail), *(tail - 1 + c for c in verdict.path)]]
+        else:
+            features = hidden if tail == hidden.shape[0] else hidden[:tail]
+        first = len(tokens) - 1 - tail - len(verdict.path)  # the first of those tokens
         if first != self.fed:  # the target re-read its window after a slide: so does the head
             self.cache.rollback(0)
             self.pending = []
