@@ -96,7 +96,7 @@ class Fallback:
         length). Rounds that (re-)prefill a window are not reported: they cost the same in either mode."""
         self.recorded += 1
         self.probe_budget += PROBE_SHARE * seconds
-        if left_apart and not (speculated or self.best or self.probing) and self.measured[False] >= TRIAL_ROUNDS:
+        if left_apart and not (speculated or self.best or self.probing):  # plain's verdict implies its average
             # a held round over rows a probe left apart pays for a mask and a scattered write
             # (docs/2026-12-06-epyc-aa.md): the probe's cost, not plain decoding's
             self.probe_budget -= seconds - self.seconds[False]
