@@ -103,9 +103,11 @@ class _Batch:
             row.window.cached = len(row.tokens) + len(row.verdict.path)
             row.new = new_tokens(row.candidates, row.verdict)
             row.tokens += [token for token, _ in row.new]
-            if self.on_token:
-                for token, source in row.new:
-                    self.on_token(row.index, token, source)
+
+    def stream(self):
+        for row in self.active:
+            for token, source in row.new:
+                self.on_token(row.index, token, source)
 
     def update(self):
         for row in self.active:
@@ -152,9 +154,11 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
                    fallback=None, on_round=None):
     """Continue each of the token lists `prompts` by max_new_tokens tokens, all in one batch, row b
     speculating with proposers[b] (a proposer keeps state: one object per row; plain decoding when
-    None). on_token(b, token, source) streams row b's tokens as decode.speculative.generate's does;
-    on_round(b, Round) follows each of row b's rounds. fallback decides for the whole batch, round by
-    round, whether its rows propose (a padded pass costs every row).
+    None). on_token(b, token, source) streams row b's tokens as decode.speculative.generate's does,
+    after each round: its time is the caller's, left out of the rows' seconds (printing would
+    otherwise count against whichever of two runs streams, docs/2026-12-07-epyc-ac.md). on_round(b,
+    Round) follows each of row b's rounds. fallback decides for the whole batch, round by round,
+    whether its rows propose (a padded pass costs every row).
     Returns (the new token ids of each row, a DecodeStats per row)."""
     proposers = proposers or [Plain() for _ in prompts]
     block_size = model.config.block_size
@@ -182,6 +186,10 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             phase()
             seconds.append(time.perf_counter() - t0)
         phase_seconds = dict(zip(PHASES, seconds))
+        if on_token:
+            t0 = time.perf_counter()
+            batch.stream()
+            started += time.perf_counter() - t0  # the caller's time (printing it), not decoding's
         for row in batch.active:
             outcome = Round(row.candidates, row.verdict, row.new, row.width, not batch.speculating, phase_seconds,
                             row.logits)

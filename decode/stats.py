@@ -37,9 +37,9 @@ class DecodeStats:
     # depth d), and those whose accepted path reached depth d
     depth_judged: Counter = field(default_factory=Counter)
     depth_accepted: Counter = field(default_factory=Counter)
-    seconds: float = 0.0
+    seconds: float = 0.0      # from the call to the row's last token, less the time its caller took streaming
     # where the time of the rounds went: "propose", "pass" (inputs built and the target's forward),
-    # "verify", "commit" (the cache, the token list, streaming) and "update" (the method's own)
+    # "verify", "commit" (the cache and the token list) and "update" (the method's own)
     phase_seconds: Counter = field(default_factory=Counter)
 
     @property

@@ -1,6 +1,8 @@
 """The batch engine (decode/batch.py) against the one-sequence loop (decode/speculative.py): every row
 of a batch says exactly what its prompt says alone, for plain decoding and every method, deciding as
 it would alone, with each row's cache a fresh prefill of its own tokens after every round."""
+import time
+
 import pytest
 import torch
 
@@ -181,6 +183,16 @@ def test_rows_of_different_methods_leave_the_batch_when_done_and_stream_their_ow
                                     proposers=proposers)
     assert [seen[b] for b in range(3)] == outputs == [generate(TARGET, p, 20, Sampling())[0] for p in PROMPTS[:3]]
     assert stats[0].target_forwards == 20 > stats[1].target_forwards  # the lookup row was done sooner
+
+
+def test_a_rows_seconds_leave_out_the_time_its_tokens_take_to_stream():
+    """What the caller does with a streamed token (print it) is not decoding: generate.py --compare
+    streams only the speculative run, and would otherwise charge it for the terminal."""
+    def slow_printer(b, token, source):
+        time.sleep(0.02)
+    _, (quiet,) = generate_batch(TARGET, PROMPTS[:1], 10, Sampling())
+    _, (streamed,) = generate_batch(TARGET, PROMPTS[:1], 10, Sampling(), on_token=slow_printer)
+    assert streamed.seconds < quiet.seconds + 0.1 < 10 * 0.02  # 0.2 s of printing left out
 
 
 def test_a_batch_needs_a_proposer_per_prompt():
