@@ -235,15 +235,21 @@ def kept_fallback(args, label, batch_size, device, dtype):
     starting from the averages its last run kept with the costs, which it keeps again after. With
     none kept for this batch size, it takes the largest smaller one's where they held speculating
     (less their probe budget): a larger batch gains less by it, so it holds here too, where trying
-    both modes first costs a large batch the most (docs/2026-12-06-epyc-aa.md). Where they
-    speculated, both modes are tried."""
+    both modes first costs a large batch the most (docs/2026-12-06-epyc-aa.md). A speculative
+    round's seconds beyond a plain one's are taken as many times over as the batch has rows more,
+    on the high side (docs/2026-12-07-epyc-ac.md): the first probe here waits until the budget
+    covers what it will lose, not what it lost in a smaller batch. Where they speculated, both
+    modes are tried."""
     costs = stored_costs(args, device, dtype)
     name, kept = "the fallback's averages for {} in batches of {}".format, costs.kept()
     prior = kept.get(name(label, batch_size))
     if prior is None:
-        smaller = next(filter(None, (kept.get(name(label, b)) for b in range(batch_size - 1, 0, -1))), None)
+        size, smaller = next(((b, kept[name(label, b)]) for b in range(batch_size - 1, 0, -1)
+                              if kept.get(name(label, b))), (0, None))
         if smaller and not Fallback(smaller).best:
-            prior = dict(smaller, **{"probe budget": 0.0})
+            (gained, speculating), (_, plain) = smaller["speculating"], smaller["plain"]
+            prior = dict(smaller, speculating=[gained, plain + (speculating - plain) * batch_size / size],
+                         **{"probe budget": 0.0})
     fallback = Fallback(prior)
     yield fallback
     costs.put(name(label, batch_size), fallback.averages())

@@ -212,8 +212,9 @@ def test_a_new_batch_size_takes_nothing_from_a_smaller_one_that_speculated(tiny_
         costs.put(averages(1), dict(speculating=speculating, plain=[1.0, 1e-3], **{"probe budget": 5.0}))
         costs.put(averages(3), None)
         with cli.kept_fallback(args, "draft 4", 3, "cpu", torch.float32) as fallback:
-            if taken:  # less their probe budget
+            if taken:  # less their probe budget, a speculative round's extra seconds for 3 rows, not 1
                 assert fallback.gained[True] == 0.01 and fallback.probe_budget == 0.0
+                assert fallback.seconds[True] == pytest.approx(1e-3 + (1.0 - 1e-3) * 3)
             else:  # nothing: both modes are tried first
                 assert fallback.measured == {True: 0, False: 0}
 
