@@ -36,6 +36,9 @@ class Jacobi(Proposer):
         return Candidates.chain(guesses)
 
     def update(self, tokens, verdict, logits, hidden):
+        if not self.proposed:  # a held round guessed nothing: nothing to refine
+            self.guesses = []
+            return
         predictions = logits[:1 + self.proposed].argmax(-1).tolist()  # after the root and each guess
         # prediction i follows guess i; those after the accepted prefix and the new token are next
         self.guesses = predictions[len(verdict.path) + 1:]

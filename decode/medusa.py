@@ -119,7 +119,8 @@ class Medusa(Proposer):
                 token_probs(logits, sampling), candidates, *typical, generator)
 
     def start(self, prompt):
-        self.hidden = None  # (C,): the target's hidden state that predicted the last token
+        self.hidden = None  # (n, C): the target's hidden states of the last pass
+        self.predicted_last = 0  # which of them predicted the last token
         self.forwards = 0
 
     def propose(self, tokens, max_depth, sampling, generator):
@@ -127,14 +128,15 @@ class Medusa(Proposer):
             return None
         n = self.n_within[min(max_depth, len(self.n_within) - 1)]
         # ranked by raw logits also when sampling: temperature, top-k and top-p never reorder tokens
-        logits = self.head_logits(self.hidden)  # (K, V)
+        logits = self.head_logits(self.hidden[self.predicted_last])  # (K, V)
         self.forwards += 1
         ranked = logits.topk(self.width, dim=-1).indices.tolist()  # (K, width): likeliest first
         return Candidates([ranked[len(p) - 1][p[-1]] for p in self.paths[:n]], self.parents[:n])
 
     def update(self, tokens, verdict, logits, hidden):
-        root = len(hidden) - len(logits)
-        self.hidden = hidden[root + (verdict.path[-1] if verdict.path else 0)]  # the row that predicted tokens[-1]
+        # a held round must cost ~nothing: shapes, and the row is read only if a round proposes
+        root = hidden.shape[0] - logits.shape[0]
+        self.hidden, self.predicted_last = hidden, root + (verdict.path[-1] if verdict.path else 0)
 
 
 @torch.inference_mode()

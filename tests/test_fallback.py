@@ -4,6 +4,7 @@ import itertools
 import json
 import random
 
+import pytest
 import torch
 
 from decode.fallback import PROBE_GAP, PROBE_SHARE, TRIAL_ROUNDS, Fallback
@@ -193,3 +194,33 @@ def test_a_held_round_runs_nothing_but_the_target(monkeypatch):
             assert others == [] and all(s.draft_forwards == 0 and s.held == 1 for s in stats), method
     finally:
         hook.remove()
+
+
+class TensorOps(torch.overrides.TorchFunctionMode):
+    """Records the tensor operations run inside it, reading an attribute (a shape) aside."""
+
+    def __init__(self, ops):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func.__name__ != "__get__":
+            self.ops.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_held_rounds_update_runs_no_tensor_operation():
+    """Counted, not timed: with every round held, a method's update keeps what it is handed and reads
+    shapes; an index or an argmax waits for a round that proposes."""
+    from tests.test_batch import METHODS, PROMPTS, TARGET
+    for method, new_proposer in METHODS.items():
+        proposers, ops = [new_proposer() for _ in PROMPTS], []
+        update = type(proposers[0]).update
+
+        def recorded(self, *args):
+            with TensorOps(ops):
+                return update(self, *args)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(type(proposers[0]), "update", recorded)
+            generate_batch(TARGET, PROMPTS, 40, Sampling(), proposers=proposers, fallback=AlwaysPlain())
+        assert ops == [], method
