@@ -189,10 +189,10 @@ def test_a_rows_seconds_leave_out_the_time_its_tokens_take_to_stream():
     """What the caller does with a streamed token (print it) is not decoding: generate.py --compare
     streams only the speculative run, and would otherwise charge it for the terminal."""
     def slow_printer(b, token, source):
-        time.sleep(0.02)
-    _, (quiet,) = generate_batch(TARGET, PROMPTS[:1], 10, Sampling())
+        time.sleep(0.05)
+    quiet = [generate_batch(TARGET, PROMPTS[:1], 10, Sampling())[1][0] for _ in range(2)][-1]  # warmed up
     _, (streamed,) = generate_batch(TARGET, PROMPTS[:1], 10, Sampling(), on_token=slow_printer)
-    assert streamed.seconds < quiet.seconds + 0.1 < 10 * 0.02  # 0.2 s of printing left out
+    assert streamed.seconds < quiet.seconds + 0.25  # 0.5 s of printing left out
 
 
 def test_a_batch_needs_a_proposer_per_prompt():
