@@ -175,27 +175,6 @@ class AlwaysPlain:
         pass
 
 
-def test_a_held_round_runs_nothing_but_the_target(monkeypatch):
-    """Counted, not timed: with every round held, no method proposes, and no module but the target's
-    runs a forward (a draft model, EAGLE's head) nor counts one (Medusa's heads): what their updates
-    keep is bookkeeping."""
-    from tests.test_batch import METHODS, PROMPTS, TARGET
-    target_modules, plain = set(TARGET.modules()), generate_batch(TARGET, PROMPTS, 40, Sampling())[0]
-    others = []
-    hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, args, output: others.append(type(module).__name__) if module not in target_modules else None)
-    try:
-        for method, new_proposer in METHODS.items():
-            proposers = [new_proposer() for _ in PROMPTS]
-            monkeypatch.setattr(type(proposers[0]), "propose_rows", None)  # calling it would fail
-            outputs, stats = generate_batch(TARGET, PROMPTS, 40, Sampling(), proposers=proposers,
-                                            fallback=AlwaysPlain())
-            assert outputs == plain, method
-            assert others == [] and all(s.draft_forwards == 0 and s.held == 1 for s in stats), method
-    finally:
-        hook.remove()
-
-
 class TensorOps(torch.overrides.TorchFunctionMode):
     """Records the tensor operations run inside it, reading an attribute (a shape) aside."""
 
@@ -209,18 +188,32 @@ class TensorOps(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_held_rounds_update_runs_no_tensor_operation():
-    """Counted, not timed: with every round held, a method's update keeps what it is handed and reads
-    shapes; an index or an argmax waits for a round that proposes."""
+def test_a_held_round_runs_nothing_but_the_target():
+    """Counted, not timed: with every round held, no method proposes, no module but the target's
+    runs a forward (a draft model, EAGLE's head) nor counts one (Medusa's heads), and no update runs
+    a tensor operation: it keeps what it is handed and reads shapes, and an index or an argmax waits
+    for a round that proposes."""
     from tests.test_batch import METHODS, PROMPTS, TARGET
-    for method, new_proposer in METHODS.items():
-        proposers, ops = [new_proposer() for _ in PROMPTS], []
-        update = type(proposers[0]).update
+    target_modules, plain = set(TARGET.modules()), generate_batch(TARGET, PROMPTS, 40, Sampling())[0]
+    others = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: others.append(type(module).__name__) if module not in target_modules else None)
+    try:
+        for method, new_proposer in METHODS.items():
+            proposers, ops = [new_proposer() for _ in PROMPTS], []
+            method_class = type(proposers[0])
+            update = method_class.update
 
-        def recorded(self, *args):
-            with TensorOps(ops):
-                return update(self, *args)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(type(proposers[0]), "update", recorded)
-            generate_batch(TARGET, PROMPTS, 40, Sampling(), proposers=proposers, fallback=AlwaysPlain())
-        assert ops == [], method
+            def recorded(self, *args):
+                with TensorOps(ops):
+                    return update(self, *args)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(method_class, "propose_rows", None)  # calling it would fail
+                patch.setattr(method_class, "update", recorded)
+                outputs, stats = generate_batch(TARGET, PROMPTS, 40, Sampling(), proposers=proposers,
+                                                fallback=AlwaysPlain())
+            assert outputs == plain, method
+            assert others == [] and all(s.draft_forwards == 0 and s.held == 1 for s in stats), method
+            assert ops == [], method
+    finally:
+        hook.remove()
