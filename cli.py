@@ -244,8 +244,8 @@ def kept_fallback(args, label, batch_size, device, dtype):
     name, kept = "the fallback's averages for {} in batches of {}".format, costs.kept()
     prior = kept.get(name(label, batch_size))
     if prior is None:
-        size, smaller = next(((b, kept[name(label, b)]) for b in range(batch_size - 1, 0, -1)
-                              if kept.get(name(label, b))), (0, None))
+        size = next((b for b in range(batch_size - 1, 0, -1) if kept.get(name(label, b))), None)
+        smaller = size and kept[name(label, size)]
         if smaller and not Fallback(smaller).best:
             (gained, speculating), (_, plain) = smaller["speculating"], smaller["plain"]
             prior = dict(smaller, speculating=[gained, plain + (speculating - plain) * batch_size / size],
