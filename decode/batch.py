@@ -177,9 +177,10 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
     batch = _Batch(model, cache, rows, max_new_tokens, sampling, generator, on_token)
     prompts_apart = len({len(prompt) for prompt in prompts}) > 1
     while batch.active:
-        batch.speculating = fallback is None or fallback.speculate()
-        left_apart = cache.ragged and not prompts_apart  # by earlier rounds that speculated
-        furthest_behind = min(row.new_tokens for row in batch.active)
+        if fallback:
+            batch.speculating = fallback.speculate()
+            left_apart = cache.ragged and not prompts_apart  # by earlier rounds that speculated
+            furthest_behind = min(row.new_tokens for row in batch.active)
         seconds = []
         for phase in (batch.propose, batch.run_pass, batch.verify, batch.commit, batch.update):
             t0 = time.perf_counter()

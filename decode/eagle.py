@@ -86,9 +86,10 @@ class Eagle(Proposer):
         # what drafting and sizing learn, kept from one generation to the next (the same head)
         self.calibration = Calibration(ranks)
         self.sizing = TreeSizing(costs) if auto else None
+        self.cache = head.new_cache(scratch=self.width * self.depth)
 
     def start(self, prompt):
-        self.cache = self.head.new_cache(scratch=self.width * self.depth)
+        self.cache.rollback(0)
         self.fed = None        # the head has read, or holds pending, the pairs of its window up to tokens[fed]
         self.pending = []      # pairs known but not read yet: chunks of (features (m, C), the m tokens after them)
         self.forwards = 0

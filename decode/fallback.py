@@ -16,7 +16,7 @@ then take beyond plain's average. A new decoder tries both modes first, unless i
 averages an earlier one kept. A plain round and a speculative one say the same thing (greedy) or
 sample from the same distribution, so falling back never changes an output.
 """
-from decode.sizing import Backoff
+import math
 
 TRIAL_ROUNDS = 2          # measured rounds of a mode before it is judged, at the start and in each probe
 PROBE_GAP = 16            # the fewest rounds between probes; a mode resting longer restarts its average
@@ -44,7 +44,10 @@ class Fallback:
         self.last_recorded = {True: 0, False: 0}  # the round (of self.recorded) the mode was last recorded in
         self.recorded = 0
         self.best = True
-        self.backoff = Backoff(PROBE_GAP + 1, PROBE_GAP + 1)  # a probe after PROBE_GAP rounds at the least
+        self.rounds = 0                     # speculate() calls
+        self.first_probe = PROBE_GAP + 1    # the earliest round (of self.rounds) a probe may start in
+        self.next_weighing = 0              # till this round, the verdict stands and no probe starts
+        self.standing = []                  # (gained, seconds) of the rounds recorded since: averaged in then
         self.probe_budget, self.probe_left, self.probing = 0.0, 0, False  # the seconds probes may still lose
         self.from_prior = set()  # the modes whose averages are still the prior's
         if prior and all(prior[name][1] > 0 for name in MODES.values()):
@@ -56,6 +59,7 @@ class Fallback:
     def averages(self):
         """What a later Fallback(prior=...) starts from: JSON, each mode's average tokens and seconds
         per round, and the probes' budget."""
+        self.take_in_standing()
         return dict({name: [self.gained[mode], self.seconds[mode]] for mode, name in MODES.items()},
                     **{"probe budget": self.probe_budget})
 
@@ -64,7 +68,11 @@ class Fallback:
         return self.gained[speculated] / self.seconds[speculated]
 
     def speculate(self):
+        self.rounds += 1
         self.probing = False  # whether this round is a probe's, to be charged what it loses
+        if self.rounds < self.next_weighing:  # with record()'s, a held round's whole cost (docs/2026-12-07-epyc-ad.md)
+            return self.best
+        self.take_in_standing()
         for mode in (True, False):
             if self.measured[mode] < TRIAL_ROUNDS:
                 return mode
@@ -74,10 +82,14 @@ class Fallback:
         best = self.rate(True) >= self.rate(False)
         if best != self.best:  # a new verdict saves up anew, and still owes what probes overspent
             self.best, self.probe_budget = best, min(self.probe_budget, 0.0)
-            self.backoff.restart()
-        if not self.backoff.count() or self.probe_loss() > self.probe_budget:
+            self.first_probe = self.rounds + PROBE_GAP
+        # the rounds till a probe may start: the budget grows by PROBE_SHARE of every round
+        wait = max(self.first_probe - self.rounds,
+                   math.ceil((self.probe_loss() - self.probe_budget) / (PROBE_SHARE * self.seconds[best])))
+        if wait > 0:  # weighed again then, or sooner: as the averages move, the verdict may turn
+            self.next_weighing = self.rounds + min(wait, PROBE_GAP)
             return best
-        self.backoff.probe()
+        self.first_probe = self.rounds + TRIAL_ROUNDS + PROBE_GAP
         self.probe_left, self.probing = TRIAL_ROUNDS - 1, True
         return not best
 
@@ -94,6 +106,21 @@ class Fallback:
         tokens), the tokens it gained (its row furthest behind's), its seconds; left_apart: whether
         its rows held different lengths only because earlier rounds speculated (their prompts had one
         length). Rounds that (re-)prefill a window are not reported: they cost the same in either mode."""
+        if self.rounds < self.next_weighing and speculated == self.best and not left_apart:
+            self.standing.append((gained, seconds))
+            return
+        self.take_in_standing()
+        self.take_in(speculated, gained, seconds, left_apart)
+
+    def take_in_standing(self):
+        """Average in the rounds recorded while the verdict stood, as if each had been at once: nothing
+        reads the averages before the next weighing."""
+        for gained, seconds in self.standing:
+            self.take_in(self.best, gained, seconds)
+        self.standing = []
+
+    def take_in(self, speculated, gained, seconds, left_apart=False):
+        """One round into the averages and the probes' budget (record()'s arguments)."""
         self.recorded += 1
         self.probe_budget += PROBE_SHARE * seconds
         if left_apart and not (speculated or self.best or self.probing):  # plain's verdict implies its average

@@ -119,24 +119,23 @@ class Medusa(Proposer):
                 token_probs(logits, sampling), candidates, *typical, generator)
 
     def start(self, prompt):
-        self.hidden = None  # (n, C): the target's hidden states of the last pass
-        self.predicted_last = 0  # which of them predicted the last token
+        self.last_pass = None  # (hidden states, logits, accepted path) of the target's last pass
         self.forwards = 0
 
     def propose(self, tokens, max_depth, sampling, generator):
-        if self.hidden is None:  # the first round: no pass has run yet
+        if self.last_pass is None:  # the first round: no pass has run yet
             return None
+        hidden, pass_logits, path = self.last_pass
+        predicted_last = hidden.shape[0] - pass_logits.shape[0] + (path[-1] if path else 0)
         n = self.n_within[min(max_depth, len(self.n_within) - 1)]
         # ranked by raw logits also when sampling: temperature, top-k and top-p never reorder tokens
-        logits = self.head_logits(self.hidden[self.predicted_last])  # (K, V)
+        logits = self.head_logits(hidden[predicted_last])  # (K, V)
         self.forwards += 1
         ranked = logits.topk(self.width, dim=-1).indices.tolist()  # (K, width): likeliest first
         return Candidates([ranked[len(p) - 1][p[-1]] for p in self.paths[:n]], self.parents[:n])
 
     def update(self, tokens, verdict, logits, hidden):
-        # a held round must cost ~nothing: shapes, and the row is read only if a round proposes
-        root = hidden.shape[0] - logits.shape[0]
-        self.hidden, self.predicted_last = hidden, root + (verdict.path[-1] if verdict.path else 0)
+        self.last_pass = hidden, logits, verdict.path  # read only if a round proposes: a held round costs nothing
 
 
 @torch.inference_mode()
