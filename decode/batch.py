@@ -175,12 +175,13 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
         proposer.start(prompt)
         rows.append(_Row(index, len(prompt), list(prompt), proposer, ContextWindow(cache, block_size)))
     batch = _Batch(model, cache, rows, max_new_tokens, sampling, generator, on_token)
-    prompts_apart = len({len(prompt) for prompt in prompts}) > 1
+    one_length = len(prompts) > 1 and len({len(prompt) for prompt in prompts}) == 1  # rows apart only by speculating
     while batch.active:
         if fallback:
             batch.speculating = fallback.speculate()
-            left_apart = cache.ragged and not prompts_apart  # by earlier rounds that speculated
-            furthest_behind = min(row.new_tokens for row in batch.active)
+            left_apart = one_length and cache.ragged  # by earlier rounds that speculated
+            if batch.speculating:
+                furthest_behind = min(row.new_tokens for row in batch.active)
         seconds = []
         for phase in (batch.propose, batch.run_pass, batch.verify, batch.commit, batch.update):
             t0 = time.perf_counter()
@@ -202,8 +203,9 @@ def generate_batch(model, prompts, max_new_tokens, sampling, generator=None, on_
             # plain one, whatever the mode: a method that guesses in bursts is judged by its guesses
             checked = batch.speculating and any(row.candidates.checked_size() > 1 for row in batch.active)
             # a batch is done when its last row is: a round gains what its row furthest behind gains
-            fallback.record(checked, min(row.new_tokens for row in batch.active) - furthest_behind, sum(seconds),
-                            left_apart)
+            # (in a plain round, every row's one token)
+            gained = min(row.new_tokens for row in batch.active) - furthest_behind if checked else 1
+            fallback.record(checked, gained, sum(seconds), left_apart)
         batch.drop_finished(started)
     for row in rows:
         row.stats.new_tokens, row.stats.draft_forwards = row.new_tokens, row.proposer.forwards

@@ -12,14 +12,18 @@ their rounds actually lost, and one starts once the time saved up covers what it
 lose. A mode that loses by little is probed often, one that loses by much (a large batch's
 speculation) rarely; a probe that loses more than expected (its last average was a lucky one)
 delays the next, and so does one that leaves a batch's rows apart, for what their plain rounds
-then take beyond plain's average. A new decoder tries both modes first, unless it starts from the
+then take beyond plain's average. Speculating's verdict is weighed every round; plain's, once a
+probe could start and at least every PROBE_GAP rounds, a held round in between being only kept, to
+be averaged in then: at a compiled pass's speed every line a held round runs shows
+(docs/2026-12-07-epyc-ad.md). A new decoder tries both modes first, unless it starts from the
 averages an earlier one kept. A plain round and a speculative one say the same thing (greedy) or
 sample from the same distribution, so falling back never changes an output.
 """
 import math
 
 TRIAL_ROUNDS = 2          # measured rounds of a mode before it is judged, at the start and in each probe
-PROBE_GAP = 16            # the fewest rounds between probes; a mode resting longer restarts its average
+PROBE_GAP = 16            # the fewest rounds between probes, the most between plain's weighings; a mode resting
+                          # longer restarts its average
 PROBE_SHARE = 1 / 128     # the most of the time that probing the losing mode may lose (docs/2026-12-06-epyc-y.md)
 DECAY = 0.1               # the weight of the latest round in a mode's running average
 MODES = {True: "speculating", False: "plain"}
@@ -70,7 +74,7 @@ class Fallback:
     def speculate(self):
         self.rounds += 1
         self.probing = False  # whether this round is a probe's, to be charged what it loses
-        if self.rounds < self.next_weighing:  # with record()'s, a held round's whole cost (docs/2026-12-07-epyc-ad.md)
+        if self.rounds < self.next_weighing:  # with record()'s two lines, a held round's whole cost here
             return self.best
         self.take_in_standing()
         for mode in (True, False):
@@ -86,8 +90,9 @@ class Fallback:
         # the rounds till a probe may start: the budget grows by PROBE_SHARE of every round
         wait = max(self.first_probe - self.rounds,
                    math.ceil((self.probe_loss() - self.probe_budget) / (PROBE_SHARE * self.seconds[best])))
-        if wait > 0:  # weighed again then, or sooner: as the averages move, the verdict may turn
-            self.next_weighing = self.rounds + min(wait, PROBE_GAP)
+        if wait > 0:
+            if not best:  # held: weighed again then, or sooner, as plain's average moves
+                self.next_weighing = self.rounds + min(wait, PROBE_GAP)
             return best
         self.first_probe = self.rounds + TRIAL_ROUNDS + PROBE_GAP
         self.probe_left, self.probing = TRIAL_ROUNDS - 1, True

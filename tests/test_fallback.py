@@ -89,6 +89,43 @@ def test_it_follows_the_faster_mode_when_that_changes():
     assert sum(modes[switched:]) / len(modes[switched:]) > 0.9  # plain is probed now
 
 
+def test_rounds_kept_between_weighings_are_averaged_in_as_if_each_were_at_once():
+    """Between weighings a held round is only kept; the averages read afterwards are those of taking
+    in each round as it came, and a weighing comes at least every PROBE_GAP rounds."""
+    prior = {"speculating": [1.0, 4.0], "plain": [1.0, 1.0], "probe budget": -1e6}  # no probe for long
+    fallback, at_once, kept = Fallback(prior), Fallback(prior), []
+    for i in range(100):
+        seconds = 1.0 + 0.01 * (i % 7)
+        assert not fallback.speculate()
+        kept.append(len(fallback.standing))
+        fallback.record(False, 1.0, seconds)
+        at_once.take_in(False, 1.0, seconds)
+    assert max(kept) == PROBE_GAP - 1
+    assert fallback.averages() == at_once.averages()
+
+
+def test_a_held_verdict_turns_within_PROBE_GAP_rounds_of_plain_becoming_the_slower():
+    """Weighed only now and then, the verdict still follows the averages: plain rounds that slow from
+    1 s to 10 s (another process took the cores) fall below speculating's 1 token in 4 s."""
+    fallback, modes = Fallback(), []
+    for i in range(60):
+        speculated = fallback.speculate()
+        modes.append(speculated)
+        fallback.record(speculated, 1.0, 4.0 if speculated else 1.0 if i < 10 else 10.0)
+    assert not any(modes[2 * TRIAL_ROUNDS:10])
+    assert modes.index(True, 10) <= 13 + PROBE_GAP  # plain's average passes 4 s in its 4th slow round
+
+
+def test_a_speculating_verdict_gives_way_in_the_round_its_average_falls_behind():
+    """Only a held verdict waits to be weighed: speculating, whose rounds cost more than a line or
+    two, is weighed every round, so a run of losing rounds (a lucky probe's verdict) ends as soon as
+    its average shows it."""
+    fallback = Fallback()
+    run(fallback, 40, spec_rate=1.5)
+    modes = run(fallback, 20, spec_rate=0.3)
+    assert modes.index(False) <= 7  # speculating's average falls below plain's 1 token a second in its 6th round
+
+
 def test_it_starts_from_the_averages_an_earlier_run_kept_and_pays_no_first_trials():
     """Where speculation lost, plain rounds from the first, and its first probe, like every later
     one, within the budget; where it paid, speculation from the first."""
