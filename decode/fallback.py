@@ -118,8 +118,8 @@ class Fallback:
         self.take_in(speculated, gained, seconds, left_apart)
 
     def take_in_standing(self):
-        """Average in the rounds recorded while the verdict stood, as if each had been at once: nothing
-        reads the averages before the next weighing."""
+        """Average in, in order, the rounds kept while the verdict stood, as record() would have at
+        each: nothing reads the averages before the next weighing."""
         for gained, seconds in self.standing:
             self.take_in(self.best, gained, seconds)
         self.standing = []
